@@ -1,0 +1,250 @@
+"""Map-style datasets over a record source, framework-free.
+
+``RecordDataset[i]`` reads record i (through the shared cache when there is one), runs the
+task's transform with a random generator seeded by (seed, epoch, i), and returns a dict of
+numpy arrays. The per-sample seed makes augmentation independent of which worker ran the
+sample and of the number of workers, so a resumed or re-sharded run sees the same data.
+
+Items may be plain ints (the epoch then comes from the shared state that the main process sets
+with ``start_epoch``) or ``(epoch, index)`` pairs, which samplers in train/ use so that a batch
+prefetched across an epoch boundary still gets the right seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from datasets import decode, image_transforms
+from datasets.bad_samples import BadSampleLog, read_bad_keys
+from datasets.cache import SharedRecordCache
+from datasets.errors import BadSampleError, DatasetError, TooManyBadSamplesError
+from datasets.ocr_transforms import CharDict, augment_text_line, resize_and_pad
+
+Sample = dict[str, np.ndarray]
+Transform = Callable[[bytes, "str | int", np.random.Generator], Sample]
+
+
+class RecordSource(Protocol):
+    def __len__(self) -> int: ...
+    def read(self, index: int) -> tuple[bytes, str | int]: ...
+    def key(self, index: int) -> str: ...
+    def index_of_key(self, key: str) -> int | None: ...
+    def source_of(self, index: int) -> str: ...
+    def close(self) -> None: ...
+
+
+class RecordDataset:
+    def __init__(
+        self,
+        source: RecordSource,
+        transform: Transform,
+        *,
+        seed: int = 0,
+        bad_log: BadSampleLog | None = None,
+        cache: SharedRecordCache | None = None,
+        skip_keys: list[str] = (),
+        max_substitutions: int = 32,
+    ) -> None:
+        self.source = source
+        self.transform = transform
+        self.seed = seed
+        self.cache = cache
+        self.max_substitutions = max_substitutions
+        self._indices = self._without_skipped(skip_keys)
+        self.bad_log = bad_log or BadSampleLog(len(source), max_bad_fraction=1.0)
+
+    def _without_skipped(self, skip_keys: list[str]) -> np.ndarray | None:
+        """int64 array of kept source indices, or None when every record is kept."""
+        if not skip_keys:
+            return None
+        skipped = [self.source.index_of_key(k) for k in skip_keys]
+        skipped = np.array([i for i in skipped if i is not None], dtype=np.int64)
+        kept = np.setdiff1d(np.arange(len(self.source), dtype=np.int64), skipped)
+        if len(kept) == 0:
+            raise DatasetError("every record is in the skip-keys file", "check data.skip_keys_file")
+        return kept
+
+    def __len__(self) -> int:
+        return len(self.source) if self._indices is None else len(self._indices)
+
+    def _source_index(self, position: int) -> int:
+        return position if self._indices is None else int(self._indices[position])
+
+    def _read(self, index: int) -> tuple[bytes, str | int]:
+        if self.cache is None:
+            return self.source.read(index)
+        record = self.cache.get(index)
+        if record is None:
+            record = self.source.read(index)
+            self.cache.put(index, record)
+        return record
+
+    def __getitem__(self, item: int | tuple[int, int]) -> Sample:
+        epoch, position = item if isinstance(item, tuple) else (self.bad_log.epoch, item)
+        position = int(position)
+        for attempt in range(self.max_substitutions + 1):
+            # Substitute with the next record: deterministic, keeps the batch size.
+            index = self._source_index((position + attempt) % len(self))
+            try:
+                data, label = self._read(index)
+                rng = np.random.default_rng((self.seed, epoch, index))
+                return self.transform(data, label, rng)
+            except BadSampleError as error:
+                self.bad_log.record(
+                    index,
+                    self.source.key(index),
+                    self.source.source_of(index),
+                    error,
+                    counted=attempt == 0,
+                )
+        raise TooManyBadSamplesError(
+            f"{self.max_substitutions + 1} consecutive bad records from position {position} "
+            f"({self.source.key(self._source_index(position))}). HINT: run "
+            "scripts/validate_data.py on the dataset"
+        )
+
+    def start_epoch(self, epoch: int) -> None:
+        self.bad_log.start_epoch(epoch)
+
+    def close(self) -> None:
+        self.source.close()
+        self.bad_log.close()
+        if self.cache is not None:
+            self.cache.close()
+
+
+class OcrTransform:
+    """(image bytes, text) -> {"image": uint8 CxHxW, "label": int32[max_len], "length": int32}."""
+
+    def __init__(
+        self,
+        char_dict: CharDict,
+        image_shape=(3, 48, 320),
+        max_text_length: int = 25,
+        augment: bool = False,
+    ) -> None:
+        self.char_dict = char_dict
+        self.image_shape = tuple(image_shape)
+        self.max_text_length = max_text_length
+        self.augment = augment
+
+    def __call__(self, data: bytes, label, rng: np.random.Generator) -> Sample:
+        encoded, length = self.char_dict.encode(str(label), self.max_text_length)  # cheap first
+        image = decode.decode_bgr(data)
+        if self.augment:
+            image = augment_text_line(image, rng)
+        image, _ = resize_and_pad(image, self.image_shape)
+        return {"image": image, "label": encoded, "length": np.int32(length)}
+
+
+class ImageClassTransform:
+    """(image bytes, class) -> {"image": uint8 HxWx3 RGB, "label": int64}."""
+
+    def __init__(self, num_classes: int, train: bool, size: int = 224, eval_resize: int = 256):
+        self.num_classes = num_classes
+        self.train = train
+        self.size = size
+        self.eval_resize = eval_resize
+
+    def __call__(self, data: bytes, label, rng: np.random.Generator) -> Sample:
+        if not 0 <= int(label) < self.num_classes:
+            raise BadSampleError("bad_label", f"class {label} outside 0..{self.num_classes - 1}")
+        if self.train:
+            image = image_transforms.train_transform(data, rng, self.size)
+        else:
+            image = image_transforms.eval_transform(data, self.size, self.eval_resize)
+        return {"image": image, "label": np.int64(label)}
+
+
+def _policy_parts(
+    source,
+    path,
+    max_bad_fraction,
+    bad_keys_file,
+    skip_keys_file,
+    cache_mode,
+    cache_max_bytes,
+    cache_dir,
+    state_dir,
+):
+    bad_log = BadSampleLog(len(source), max_bad_fraction, bad_keys_file, state_dir)
+    cache = None
+    if cache_mode not in ("none", "memory", "disk"):
+        raise DatasetError(f"unknown cache mode {cache_mode!r}", "use none, memory or disk")
+    if cache_mode != "none":
+        cache = SharedRecordCache(cache_mode, len(source), cache_max_bytes, str(path), cache_dir)
+    skip = read_bad_keys(skip_keys_file) if skip_keys_file else []
+    return {"bad_log": bad_log, "cache": cache, "skip_keys": skip}
+
+
+def build_ocr_dataset(
+    path: str | Path,
+    char_dict: CharDict,
+    *,
+    train: bool,
+    seed: int = 0,
+    image_shape=(3, 48, 320),
+    max_text_length: int = 25,
+    augment: bool = True,
+    max_bad_fraction: float = 0.01,
+    bad_keys_file=None,
+    skip_keys_file=None,
+    cache: str = "none",
+    cache_max_bytes: int = 1 << 30,
+    cache_dir: str = ".cache/data",
+    state_dir=None,
+) -> RecordDataset:
+    from datasets.lmdb_ocr import LmdbOcrSource
+
+    source = LmdbOcrSource(path)
+    transform = OcrTransform(char_dict, image_shape, max_text_length, augment and train)
+    parts = _policy_parts(
+        source,
+        path,
+        max_bad_fraction,
+        bad_keys_file,
+        skip_keys_file,
+        cache,
+        cache_max_bytes,
+        cache_dir,
+        state_dir,
+    )
+    return RecordDataset(source, transform, seed=seed, **parts)
+
+
+def build_image_dataset(
+    path: str | Path,
+    *,
+    train: bool,
+    seed: int = 0,
+    image_size: int = 224,
+    eval_resize: int = 256,
+    max_bad_fraction: float = 0.01,
+    bad_keys_file=None,
+    skip_keys_file=None,
+    cache: str = "none",
+    cache_max_bytes: int = 1 << 30,
+    cache_dir: str = ".cache/data",
+    state_dir=None,
+) -> RecordDataset:
+    from datasets.hdf5_images import Hdf5ImageSource
+    from datasets.image_folder import ImageFolderSource
+
+    source = ImageFolderSource(path) if Path(path).is_dir() else Hdf5ImageSource(path)
+    transform = ImageClassTransform(len(source.class_names), train, image_size, eval_resize)
+    parts = _policy_parts(
+        source,
+        path,
+        max_bad_fraction,
+        bad_keys_file,
+        skip_keys_file,
+        cache,
+        cache_max_bytes,
+        cache_dir,
+        state_dir,
+    )
+    return RecordDataset(source, transform, seed=seed, **parts)

@@ -1,0 +1,68 @@
+"""File handles opened lazily, once per process.
+
+LMDB environments and h5py files must not cross a fork: a handle opened in the parent and used in
+a forked worker shares file offsets, locks and library state with its siblings, which gives
+corrupted reads or crashes (py-lmdb and HDF5 both document this). So datasets store only paths,
+open on first use inside whichever process uses them, and open again when ``os.getpid()``
+changes. Handles are dropped when the dataset is pickled (spawn workers), never pickled.
+
+Set ``DATA_OPEN_LOG=/path/file`` to append one line per open ("pid<TAB>purpose<TAB>path"). Tests
+use it to prove each worker opens each file exactly once; users can use it to debug the same.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+H = TypeVar("H")
+
+OPEN_LOG_ENV = "DATA_OPEN_LOG"
+
+
+def record_open(purpose: str, path: str) -> None:
+    """Append an open event to $DATA_OPEN_LOG (one short O_APPEND write: atomic across
+    processes)."""
+    log_path = os.environ.get(OPEN_LOG_ENV)
+    if not log_path:
+        return
+    line = f"{os.getpid()}\t{purpose}\t{path}\n".encode()
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+class ProcessLocalHandle(Generic[H]):
+    """Holds one handle per process, created by ``opener(path)`` on first ``get()``."""
+
+    def __init__(self, path: str, opener: Callable[[str], H], closer: Callable[[H], Any]) -> None:
+        self.path = path
+        self._opener = opener
+        self._closer = closer
+        self._handle: H | None = None
+        self._pid: int | None = None
+
+    def get(self) -> H:
+        pid = os.getpid()
+        if self._handle is None or self._pid != pid:
+            # A handle inherited through fork belongs to the parent: forget it without closing
+            # (closing it here could release the parent's locks or mappings).
+            self._handle = self._opener(self.path)
+            self._pid = pid
+            record_open("read", self.path)
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None and self._pid == os.getpid():
+            self._closer(self._handle)
+        self._handle = None
+        self._pid = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_handle"] = None
+        state["_pid"] = None
+        return state

@@ -1,0 +1,131 @@
+"""OCR text-line transforms: character dictionary, CTC label encoding, resize-and-pad, augment.
+
+Conventions follow PaddleOCR's recognition pipeline so users can bring their dictionaries and
+LMDBs unchanged: a dictionary file holds one character per line (``ppocr_keys_v1.txt`` works),
+CTC class 0 is the blank, images are BGR, and a line is resized to the target height keeping its
+aspect ratio (capped at the target width), then padded on the right, as RecResizeImg does.
+We output uint8 C x H x W; normalization to [-1, 1] happens on the device.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from datasets.errors import BadSampleError, DatasetError
+
+# uint8 value that becomes ~0.0 after the device-side (x / 255 - 0.5) / 0.5 normalization, so
+# the padded region matches PaddleOCR's zero padding of the normalized image.
+PAD_VALUE = 128
+
+
+class CharDict:
+    """Character dictionary; CTC class of character ``c`` is ``index(c) + 1`` (0 = blank)."""
+
+    def __init__(self, characters: list[str], use_space_char: bool = False) -> None:
+        chars = list(characters)
+        if use_space_char and " " not in chars:
+            chars.append(" ")
+        if not chars:
+            raise DatasetError("character dictionary is empty", "put one character per line")
+        self.characters = chars
+        self._class_of = {c: i + 1 for i, c in enumerate(chars)}
+        if len(self._class_of) != len(chars):
+            dupes = sorted({c for c in chars if chars.count(c) > 1})
+            raise DatasetError(
+                f"character dictionary repeats {dupes[:10]}", "keep each character on one line once"
+            )
+
+    @classmethod
+    def from_file(cls, path: str | Path, use_space_char: bool = False) -> CharDict:
+        path = Path(path)
+        if not path.is_file():
+            raise DatasetError(
+                f"character dictionary not found: {path}",
+                "set data.char_dict to a file with one character per line "
+                "(scripts/make_synthetic.py ocr writes charset.txt next to the LMDBs)",
+            )
+        text = path.read_bytes().decode("utf-8")
+        chars = [line.rstrip("\r") for line in text.split("\n")]
+        chars = [c for c in chars if c != ""]
+        bad = [c for c in chars if len(c) != 1]
+        if bad:
+            raise DatasetError(
+                f"{path}: lines must hold exactly one character, found {bad[:5]}",
+                "use PaddleOCR's format: one character per line",
+            )
+        return cls(chars, use_space_char)
+
+    @property
+    def num_classes(self) -> int:
+        """Characters plus the CTC blank."""
+        return len(self.characters) + 1
+
+    def encode(self, label: str, max_length: int) -> tuple[np.ndarray, int]:
+        """Label -> (int32 array padded with blanks to ``max_length``, true length)."""
+        if not label.strip():
+            raise BadSampleError("empty_label", "label is empty")
+        missing = sorted({c for c in label if c not in self._class_of})
+        if missing:
+            raise BadSampleError(
+                "label_out_of_dict",
+                f"label {label!r} has characters not in the dictionary: " f"{''.join(missing)!r}",
+            )
+        if len(label) > max_length:
+            raise BadSampleError(
+                "label_too_long", f"label of {len(label)} characters > max_text_length {max_length}"
+            )
+        encoded = np.zeros(max_length, dtype=np.int32)
+        encoded[: len(label)] = [self._class_of[c] for c in label]
+        return encoded, len(label)
+
+    def decode(self, classes: np.ndarray) -> str:
+        """Class ids (no blanks, no repeats collapsed) -> text."""
+        return "".join(self.characters[c - 1] for c in classes if c > 0)
+
+
+def resize_and_pad(image: np.ndarray, shape: tuple[int, int, int]) -> tuple[np.ndarray, float]:
+    """BGR HxWx3 -> uint8 CxHxW of ``shape``; returns (image, valid width ratio)."""
+    channels, height, width = shape
+    h, w = image.shape[:2]
+    resized_w = min(width, int(math.ceil(height * w / max(h, 1))))
+    resized_w = max(resized_w, 1)
+    resized = cv2.resize(image, (resized_w, height), interpolation=cv2.INTER_LINEAR)
+    if channels == 1:
+        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2GRAY)[:, :, None]
+    out = np.full((channels, height, width), PAD_VALUE, dtype=np.uint8)
+    out[:, :, :resized_w] = resized.transpose(2, 0, 1)
+    return out, min(1.0, resized_w / width)
+
+
+def augment_text_line(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Cheap text-line augmentations on uint8 BGR: each applied with its own probability.
+
+    Kept mild on purpose: a line must stay readable, and each op is a single cv2 call so the
+    augmentation costs less than the decode.
+    """
+    h, w = image.shape[:2]
+    if rng.random() < 0.4 and h > 4 and w > 4:  # small rotation + shear + scale
+        angle = rng.uniform(-3.0, 3.0)
+        matrix = cv2.getRotationMatrix2D((w / 2, h / 2), angle, rng.uniform(0.9, 1.05))
+        matrix[0, 1] += rng.uniform(-0.15, 0.15)
+        image = cv2.warpAffine(image, matrix, (w, h), borderMode=cv2.BORDER_REPLICATE)
+    if rng.random() < 0.3 and h > 8:  # crop a few rows off the top and bottom
+        top = int(rng.integers(0, max(1, h // 10)))
+        bottom = int(rng.integers(0, max(1, h // 10)))
+        image = image[top : h - bottom]
+    if rng.random() < 0.3:
+        ksize = int(rng.choice([3, 5]))
+        image = cv2.GaussianBlur(image, (ksize, ksize), 0)
+    if rng.random() < 0.4:  # contrast and brightness
+        alpha, beta = rng.uniform(0.6, 1.3), rng.uniform(-40, 40)
+        image = cv2.convertScaleAbs(image, alpha=alpha, beta=beta)
+    if rng.random() < 0.3:
+        noise = rng.normal(0, rng.uniform(3, 12), image.shape)
+        image = np.clip(image.astype(np.int16) + noise.astype(np.int16), 0, 255).astype(np.uint8)
+    if rng.random() < 0.1:
+        image = 255 - image
+    return np.ascontiguousarray(image)

@@ -1,0 +1,83 @@
+"""Which sample positions each rank reads in each epoch, framework-free.
+
+Yields ``(epoch, position)`` pairs so the dataset can seed augmentation per sample without any
+state shared with the main process. The order is a permutation seeded by (seed, epoch), split
+across ranks like DistributedSampler (padded by wrapping so every rank gets the same count), and
+can start part-way through an epoch: a resumed run continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+
+class EpochSampler:
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if num_samples < 1:
+            raise ValueError("cannot sample from an empty dataset")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.num_samples = num_samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.start = 0  # positions of this rank's list already consumed (resume)
+
+    @property
+    def per_rank(self) -> int:
+        return -(-self.num_samples // self.world_size)  # ceil
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def positions(self) -> np.ndarray:
+        if self.shuffle:
+            order = np.random.default_rng((self.seed, self.epoch)).permutation(self.num_samples)
+        else:
+            order = np.arange(self.num_samples)
+        total = self.per_rank * self.world_size
+        if total > self.num_samples:  # pad by wrapping so every rank gets per_rank positions
+            order = np.concatenate([order, order[: total - self.num_samples]])
+        return order[self.rank : total : self.world_size]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for position in self.positions()[self.start :]:
+            yield self.epoch, int(position)
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start
+
+
+class EpochBatchSampler:
+    """Groups an EpochSampler into batches (PaddlePaddle's DataLoader takes a batch sampler)."""
+
+    def __init__(self, sampler: EpochSampler, batch_size: int, drop_last: bool) -> None:
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        batch: list[tuple[int, int]] = []
+        for item in self.sampler:
+            batch.append(item)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)

@@ -1,0 +1,163 @@
+"""Synthetic datasets a model can learn from, written with the project's own writers.
+
+OCR: rendered text lines (digits, Latin letters, and common Chinese characters when a CJK font is
+installed; the images carry one) into train/ and val/ LMDBs plus a charset.txt dictionary.
+ImageNet-like: class-dependent patterns at about 500x375, JPEG quality 90, about 100 KB each,
+into one HDF5 file. Class appearance depends only on the class id, so train and val files
+written with different seeds share classes.
+"""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+DIGITS = "0123456789"
+LATIN = DIGITS + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# Frequent characters of ppocr_keys_v1.txt's vocabulary: enough to exercise multi-byte labels.
+CJK = (
+    "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着"
+    "去之过家学对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主"
+    "行方又如前所本见经头面公同三已老从动两长"
+)
+
+_CJK_FONT_GLOBS = (
+    "/usr/share/fonts/**/NotoSansCJK*.tt[cf]",
+    "/usr/share/fonts/**/NotoSerifCJK*.tt[cf]",
+    "/usr/share/fonts/**/wqy-*.tt[cf]",
+    "/usr/share/fonts/**/*DroidSansFallback*.tt[cf]",
+)
+_LATIN_FONT_GLOBS = ("/usr/share/fonts/**/DejaVuSans.ttf", "/usr/share/fonts/**/*.ttf")
+
+
+def find_font(cjk: bool) -> str | None:
+    """Path of a CJK (or, with cjk=False, any Latin) TrueType font, or None."""
+    if cjk and shutil.which("fc-list"):
+        out = subprocess.run(["fc-list", ":lang=zh", "file"], capture_output=True, text=True)
+        files = sorted(line.split(":")[0].strip() for line in out.stdout.splitlines() if line)
+        if files:
+            return files[0]
+    for pattern in _CJK_FONT_GLOBS if cjk else _LATIN_FONT_GLOBS:
+        hits = sorted(glob.glob(pattern, recursive=True))
+        if hits:
+            return hits[0]
+    return None
+
+
+def ocr_charset(kind: str) -> tuple[str, str | None]:
+    """(characters, font path) for ``kind`` in digits | latin | full (latin + CJK if a font)."""
+    if kind not in ("digits", "latin", "full"):
+        raise ValueError(f"charset must be digits, latin or full, got {kind!r}")
+    if kind == "full":
+        cjk_font = find_font(cjk=True)
+        if cjk_font:
+            return LATIN + CJK, cjk_font
+    return (DIGITS if kind == "digits" else LATIN), find_font(cjk=False)
+
+
+def render_text_line(text: str, font_path: str | None, rng: np.random.Generator) -> np.ndarray:
+    """BGR uint8 image of one text line with random size, colours, offset and noise."""
+    size = int(rng.integers(22, 34))
+    font = ImageFont.truetype(font_path, size) if font_path else ImageFont.load_default()
+    left, top, right, bottom = font.getbbox(text)
+    pad_x, pad_y = int(rng.integers(2, 12)), int(rng.integers(2, 8))
+    width, height = right - left + 2 * pad_x, bottom - top + 2 * pad_y
+    background = rng.integers(0, 256, 3)
+    # Text colour far from the background, so every line stays legible.
+    ink = np.where(background > 127, rng.integers(0, 70, 3), rng.integers(185, 256, 3))
+    canvas = Image.new("RGB", (width, height), tuple(int(c) for c in background))
+    ImageDraw.Draw(canvas).text(
+        (pad_x - left, pad_y - top), text, font=font, fill=tuple(int(c) for c in ink)
+    )
+    image = np.asarray(canvas)[:, :, ::-1].astype(np.int16)
+    image += rng.normal(0, rng.uniform(0, 8), image.shape).astype(np.int16)
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def random_text(charset: str, rng: np.random.Generator, min_len: int = 3, max_len: int = 10) -> str:
+    length = int(rng.integers(min_len, max_len + 1))
+    return "".join(charset[i] for i in rng.integers(0, len(charset), length))
+
+
+def encode_image(image: np.ndarray, fmt: str, quality: int = 90) -> bytes:
+    if fmt == "jpeg":
+        ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    else:
+        ok, buf = cv2.imencode(".png", image)
+    if not ok:
+        raise RuntimeError(f"OpenCV failed to encode a {fmt} image")
+    return buf.tobytes()
+
+
+def ocr_samples(
+    num: int,
+    charset: str,
+    font_path: str | None,
+    seed: int,
+    png_fraction: float = 0.2,
+    max_len: int = 10,
+):
+    """Yield (encoded image, label): mostly JPEG, some PNG (both occur in real OCR LMDBs)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(num):
+        text = random_text(charset, rng, max_len=max_len)
+        image = render_text_line(text, font_path, rng)
+        fmt = "png" if rng.random() < png_fraction else "jpeg"
+        yield encode_image(image, fmt), text
+
+
+NOISE_SIGMA = 21.0
+_PATTERNS = ("stripes", "rings", "checks", "blobs")
+
+
+def imagenet_like(label: int, rng: np.random.Generator) -> np.ndarray:
+    """A BGR image whose pattern, orientation, frequency and palette depend on the class."""
+    klass = np.random.default_rng(10_000 + label)  # class identity: same for every seed
+    pattern = _PATTERNS[label % len(_PATTERNS)]
+    palette = klass.integers(30, 226, (2, 3)).astype(np.float32)
+    freq, angle = klass.uniform(0.02, 0.09), klass.uniform(0, np.pi)
+    width, height = int(rng.integers(440, 520)), int(rng.integers(330, 400))
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    x += rng.uniform(-60, 60)
+    y += rng.uniform(-60, 60)
+    f = freq * rng.uniform(0.85, 1.15)
+    if pattern == "stripes":
+        field = np.sin(f * (x * np.cos(angle) + y * np.sin(angle)))
+    elif pattern == "rings":
+        field = np.sin(f * np.hypot(x - width / 2, y - height / 2))
+    elif pattern == "checks":
+        field = np.sign(np.sin(f * x)) * np.sign(np.sin(f * y))
+    else:
+        field = np.sin(f * x + 2 * np.sin(f * 0.7 * y)) * np.cos(f * 1.3 * y)
+    mix = (field[:, :, None] + 1) / 2
+    image = palette[0] * mix + palette[1] * (1 - mix)
+    # Texture noise: sets the JPEG size near ImageNet's ~100 KB at quality 90.
+    image += rng.standard_normal(image.shape, dtype=np.float32) * np.float32(NOISE_SIGMA)
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def imagenet_samples(num: int, num_classes: int, seed: int) -> Iterable[tuple[bytes, int]]:
+    rng = np.random.default_rng(seed)
+    for i in range(num):
+        label = i % num_classes  # balanced classes
+        yield encode_image(imagenet_like(label, rng), "jpeg", 90), label
+
+
+def write_all(writer, samples, progress: Callable | None = None) -> Path:
+    """Feed samples into a writer; on any error (or Ctrl-C) remove the partial output."""
+    try:
+        for sample in samples:
+            writer.add(*sample)
+            if progress:
+                progress()
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish()

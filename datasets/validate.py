@@ -1,0 +1,87 @@
+"""Scan every record of an OCR LMDB (tree) or ResNet-50 HDF5 file and classify the bad ones.
+
+Uses the same checks as training (decode.check_encoded, a full decode, the label rules), so a
+dataset that validates clean has no bad samples in training, and the report's lines have the
+format of the bad-keys file (key, kind, file, reason) so it can be passed as data.skip_keys_file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+
+from datasets import decode
+from datasets.errors import BadSampleError, DatasetError
+from datasets.ocr_transforms import CharDict
+
+
+@dataclass
+class ScanReport:
+    path: str
+    kind: str
+    total: int = 0
+    bad: list[tuple[str, str, str, str]] = field(default_factory=list)  # key, kind, file, reason
+
+    def lines(self) -> Iterator[str]:
+        for key, kind, source, reason in self.bad:
+            yield f"{key}\t{kind}\t{source}\t{reason}"
+        yield f"{len(self.bad)} bad of {self.total} records in {self.path}"
+
+
+def detect_kind(path: str | Path) -> str:
+    path = Path(path)
+    if path.is_dir():
+        return "ocr-lmdb"
+    if path.is_file() and h5py.is_hdf5(path):
+        return "hdf5"
+    if not path.exists():
+        raise DatasetError(f"dataset path does not exist: {path}", "check the path")
+    raise DatasetError(
+        f"{path} is neither an LMDB directory nor an HDF5 file",
+        "pass an OCR LMDB directory (holding data.mdb, or a tree of them) or a .h5 file",
+    )
+
+
+def _check_image_fully(data: bytes) -> None:
+    """Decode every pixel (training may decode at reduced scale; validation must not)."""
+    image = decode.open_pil(data)
+    decode.load_pil_rgb(image)
+
+
+def scan(
+    path: str | Path, char_dict: CharDict | None = None, max_text_length: int = 25, progress=None
+) -> ScanReport:
+    kind = detect_kind(path)
+    report = ScanReport(str(path), kind)
+    if kind == "ocr-lmdb":
+        from datasets.lmdb_ocr import LmdbOcrSource
+
+        source = LmdbOcrSource(path)
+    else:
+        from datasets.hdf5_images import Hdf5ImageSource
+
+        source = Hdf5ImageSource(path)
+    num_classes = len(getattr(source, "class_names", ()))
+    for index in range(len(source)):
+        report.total += 1
+        try:
+            data, label = source.read(index)
+            if kind == "ocr-lmdb":
+                if char_dict is not None:
+                    char_dict.encode(label, max_text_length)
+                elif not label.strip():
+                    raise BadSampleError("empty_label", "label is empty")
+            elif not 0 <= label < num_classes:
+                raise BadSampleError("bad_label", f"class {label} outside 0..{num_classes - 1}")
+            _check_image_fully(data)
+        except BadSampleError as error:
+            report.bad.append(
+                (source.key(index), error.kind, source.source_of(index), error.reason)
+            )
+        if progress:
+            progress()
+    source.close()
+    return report

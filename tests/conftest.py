@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny datasets written with the project's own writers, framework markers."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datasets.hdf5_images import Hdf5ImageWriter
+from datasets.lmdb_ocr import LmdbOcrWriter
+from datasets.synthetic import LATIN, imagenet_samples, ocr_samples, write_all
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip framework tests whose framework is absent, unless TEST_FRAMEWORK says it must be
+    there (make test sets it): then a missing framework stops the run instead of skipping."""
+    required = os.environ.get("TEST_FRAMEWORK")
+    if required and importlib.util.find_spec(required) is None:
+        raise pytest.UsageError(
+            f"TEST_FRAMEWORK={required} but {required} is not importable; " "run make setup"
+        )
+    for item in items:
+        for framework in ("torch", "paddle"):
+            if framework in item.keywords and importlib.util.find_spec(framework) is None:
+                item.add_marker(pytest.mark.skip(reason=f"needs {framework}"))
+
+
+@pytest.fixture(scope="session")
+def ocr_lmdb(tmp_path_factory) -> Path:
+    """A 96-line OCR LMDB (JPEG and PNG records) and its charset.txt beside it."""
+    root = tmp_path_factory.mktemp("ocr")
+    write_all(LmdbOcrWriter(root / "train"), ocr_samples(96, LATIN, None, seed=1))
+    (root / "charset.txt").write_text("".join(c + "\n" for c in LATIN), encoding="utf-8")
+    return root / "train"
+
+
+@pytest.fixture(scope="session")
+def image_h5(tmp_path_factory) -> Path:
+    """A 24-image, 4-class ImageNet-like HDF5 file (~95 KB JPEGs of about 500x375)."""
+    path = tmp_path_factory.mktemp("h5") / "train.h5"
+    writer = Hdf5ImageWriter(path, [f"c{i}" for i in range(4)])
+    write_all(
+        writer, ((d, y, f"img{i}.jpg") for i, (d, y) in enumerate(imagenet_samples(24, 4, 0)))
+    )
+    return path
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)

@@ -1,0 +1,70 @@
+"""The shared record cache: one copy for all workers, bounded, counted, and transparent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datasets.dataset import build_image_dataset, build_ocr_dataset
+from datasets.ocr_transforms import CharDict
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk"])
+def test_cached_equals_uncached_for_deterministic_transforms(image_h5, tmp_path, mode):
+    plain = build_image_dataset(image_h5, train=False, state_dir=tmp_path)
+    cached = build_image_dataset(
+        image_h5, train=False, cache=mode, cache_dir=tmp_path / "c", state_dir=tmp_path
+    )
+    for _ in range(2):  # first pass fills (misses), second pass hits
+        for i in range(len(plain)):
+            a, b = plain[i], cached[i]
+            assert np.array_equal(a["image"], b["image"]) and a["label"] == b["label"]
+    stats = cached.cache.stats()
+    assert (stats["misses"], stats["hits"], stats["inserts"]) == (24, 24, 24)
+    cached.close()
+
+
+def test_random_augmentation_stays_random_with_a_cache(ocr_lmdb, tmp_path):
+    chars = CharDict.from_file(ocr_lmdb.parent / "charset.txt")
+    dataset = build_ocr_dataset(ocr_lmdb, chars, train=True, cache="memory", state_dir=tmp_path)
+    e0 = [dataset[(0, i)]["image"] for i in range(20)]
+    e1 = [dataset[(1, i)]["image"] for i in range(20)]
+    assert sum(not np.array_equal(a, b) for a, b in zip(e0, e1)) > 5  # epochs differ
+    assert all(np.array_equal(a, dataset[(0, i)]["image"]) for i, a in enumerate(e0))  # seeded
+    dataset.close()
+
+
+def test_cache_is_bounded_and_counts_rejections(image_h5, tmp_path):
+    dataset = build_image_dataset(
+        image_h5, train=False, cache="memory", cache_max_bytes=500_000, state_dir=tmp_path
+    )
+    for i in range(len(dataset)):
+        dataset[i]
+    stats = dataset.cache.stats()
+    assert stats["bytes_used"] <= 500_000
+    assert stats["inserts"] + stats["rejected_full"] == 24 and stats["rejected_full"] > 0
+    dataset.close()
+
+
+def test_disk_cache_is_reused_by_a_later_run_and_invalidated_by_a_new_file(image_h5, tmp_path):
+    first = build_image_dataset(image_h5, train=False, cache="disk", cache_dir=tmp_path / "c")
+    [first[i] for i in range(len(first))]
+    later = build_image_dataset(image_h5, train=False, cache="disk", cache_dir=tmp_path / "c")
+    later.cache.reset_counters()
+    [later[i] for i in range(len(later))]
+    assert later.cache.stats()["hits"] == 24 and later.cache.stats()["misses"] == 0
+    copy = tmp_path / "other.h5"
+    copy.write_bytes(image_h5.read_bytes())  # different path and mtime: a different dataset
+    other = build_image_dataset(copy, train=False, cache="disk", cache_dir=tmp_path / "c")
+    assert other.cache.stats()["inserts"] == 0
+    assert len(list((tmp_path / "c").glob("*.cache"))) == 2
+
+
+def test_memory_cache_file_is_removed_on_close(image_h5, tmp_path):
+    dataset = build_image_dataset(image_h5, train=False, cache="memory", state_dir=tmp_path)
+    path = dataset.cache._block.path
+    dataset[0]
+    dataset.close()
+    import os
+
+    assert not os.path.exists(path)

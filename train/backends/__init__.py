@@ -1,0 +1,1 @@
+"""Framework backends: the only code in the project that imports torch or paddle."""

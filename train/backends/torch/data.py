@@ -1,0 +1,57 @@
+"""torch.utils.data.DataLoader over the framework-free datasets.
+
+Batches stay uint8 through worker IPC (4x fewer bytes in /dev/shm than float32) and are
+normalized on the device by the training step. Each worker runs single-threaded: the loader
+already gives one process per core, and OpenCV/torch thread pools inside workers only fight.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from datasets.sampler import EpochSampler
+
+
+def collate_uint8(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Stack each field into one contiguous array; torch.from_numpy shares its memory."""
+    return {key: torch.from_numpy(np.stack([s[key] for s in samples])) for key in samples[0]}
+
+
+def _worker_init(worker_id: int) -> None:
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+
+
+def make_loader(
+    dataset,
+    sampler: EpochSampler,
+    *,
+    batch_size: int,
+    num_workers: int,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool = False,
+    pin_memory: bool = False,
+    multiprocessing_context: str | None = None,
+    timeout_s: float = 0.0,
+    drop_last: bool = True,
+    seed: int = 0,
+) -> DataLoader:
+    workers = num_workers > 0
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_uint8,
+        pin_memory=pin_memory and torch.cuda.is_available(),
+        drop_last=drop_last,
+        timeout=timeout_s if workers else 0,
+        worker_init_fn=_worker_init if workers else None,
+        multiprocessing_context=multiprocessing_context if workers else None,
+        generator=torch.Generator().manual_seed(seed),
+        prefetch_factor=prefetch_factor if workers else None,
+        persistent_workers=persistent_workers and workers,
+    )
