@@ -38,7 +38,10 @@ def detect_kind(path: str | Path) -> str:
     if path.is_file() and h5py.is_hdf5(path):
         return "hdf5"
     if not path.exists():
-        raise DatasetError(f"dataset path does not exist: {path}", "check the path")
+        raise DatasetError(
+            f"dataset path does not exist: {path}",
+            "pass an OCR LMDB directory (or a tree of them) or a ResNet-50 .h5 file",
+        )
     raise DatasetError(
         f"{path} is neither an LMDB directory nor an HDF5 file",
         "pass an OCR LMDB directory (holding data.mdb, or a tree of them) or a .h5 file",

@@ -31,8 +31,9 @@ def main() -> int:
     from tqdm import tqdm
 
     from datasets.ocr_transforms import CharDict
-    from datasets.validate import scan
+    from datasets.validate import detect_kind, scan
 
+    detect_kind(args.path)  # a wrong path fails here, before the progress bar starts
     char_dict = CharDict.from_file(args.char_dict, args.use_space_char) if args.char_dict else None
     with tqdm(desc="scan", disable=args.quiet) as bar:
         report = scan(args.path, char_dict, args.max_text_length, bar.update)

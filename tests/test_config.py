@@ -1,0 +1,317 @@
+"""Tests for the strict config loader (train/config.py) and the scenario YAMLs.
+
+python3 -m pytest tests/test_config.py -q
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from train.config import (
+    RESOLVED_NAME,
+    Config,
+    ConfigError,
+    config_from_dict,
+    load_config,
+    resolve_num_workers,
+    save_resolved,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted((REPO_ROOT / "configs").glob("*/*.yaml"))
+BAD_CONFIGS_DIR = REPO_ROOT / "tests" / "fixtures" / "bad_configs"
+BAD_CONFIGS = sorted(BAD_CONFIGS_DIR.glob("*.yaml"))
+MINIMAL = {"task": "resnet50", "framework": "torch", "data": {"train": "data/x.h5"}}
+
+# fixture file -> a substring its one-line error must contain
+EXPECTED_ERRORS = {
+    "bad_enum_typo.yaml": "optim.schedule: expected one of 'cosine', 'constant', 'step', got",
+    "bad_list_item.yaml": "data.image_shape[1]: must be >= 1, got 0",
+    "bad_literal.yaml": "data.cache: expected one of 'none', 'memory', 'disk', got 'ram'",
+    "bad_output_placeholder.yaml": "output.dir: bad placeholder 'date'",
+    "bad_size_string.yaml": "data.cache_max_bytes: expected a size",
+    "batch_size_zero.yaml": "loader.batch_size: must be >= 1, got 0",
+    "bool_for_int.yaml": "loader.batch_size: expected int, got True (bool)",
+    "duplicate_key.yaml": "loader: duplicate key (line 7)",
+    "empty.yaml": "file is empty",
+    "error_in_base.yaml": "error_in_base.yaml: loader.workers: unknown key",
+    # the error is in the base, so the base file is named, not the child
+    "error_in_base_child.yaml": "error_in_base.yaml: loader.workers: unknown key",
+    "eval_resize_below_crop.yaml": "data.eval_resize: 200 is smaller than data.image_size (224)",
+    "extends_cycle_a.yaml": "extends: cycle",
+    "extends_cycle_b.yaml": "extends: cycle",
+    "extends_missing_file.yaml": "extends: file not found",
+    "extends_not_a_path.yaml": "extends: expected a file path",
+    "float_without_dot.yaml": "optim.lr: expected a number, got '1e-3' (str). Write it as 1.0e-3",
+    "image_shape_wrong_length.yaml": "data.image_shape: expected 3 numbers",
+    "invalid_syntax.yaml": "invalid YAML at line 5",
+    "key_in_wrong_section.yaml": "train.batch_size: unknown key. Did you mean loader.batch_size?",
+    "lr_zero.yaml": "optim.lr: must be > 0",
+    "max_bad_fraction_above_one.yaml": "data.max_bad_fraction: must be between 0 and 1",
+    "missing_data_train.yaml": "data.train: required key is missing",
+    "missing_task.yaml": "task: required key is missing",
+    "model_task_mismatch.yaml": "model.name: 'resnet18' is not a model for task ocr",
+    "negative_workers.yaml": "loader.num_workers: must be >= 0, got -2",
+    "not_a_mapping.yaml": "the top level must be a mapping",
+    "null_for_int.yaml": "loader.batch_size: expected int, got None",
+    "ocr_without_char_dict.yaml": "data.char_dict: required when task is ocr",
+    "only_comment.yaml": "file is empty",
+    "persistent_without_workers.yaml": "loader.persistent_workers: is true but loader.num_workers",
+    "prefetch_without_workers.yaml": "Remove loader.prefetch_factor (or set it to null), or set",
+    "section_not_a_mapping.yaml": "loader: expected a mapping of keys (a section), got 8 (int)",
+    "string_for_int.yaml": "loader.batch_size: expected int, got '8' (str). Write 8 without quotes",
+    "typo_with_suggestion.yaml": "loader.num_wokers: unknown key. Did you mean loader.num_workers?",
+    "unknown_nested_key.yaml": "loader.shuffle_buffer: unknown key",
+    "unknown_top_key.yaml": "optimizer: unknown key. Did you mean optim?",
+    "unsupported_url.yaml": "data.train: unsupported URL scheme",
+    "warmup_past_max_steps.yaml": "optim.warmup_steps: 500 is not below train.max_steps (100)",
+    "workers_not_a_number.yaml": "loader.num_workers: expected int >= 0 or 'auto', got 'eight'",
+    "yaml_bool_for_choice.yaml": "train.amp: expected one of 'none', 'fp16', 'bf16', got False",
+}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "train.config", *args]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+
+
+# ---------------------------------------------------------------- the scenario files
+def test_every_scenario_folder_has_the_standard_scenarios():
+    expected = {"base", "smoke", "single_gpu", "multi_gpu", "container", "small_dataset"}
+    expected.add("remote_storage")
+    for task in ("ocr", "resnet50"):
+        names = {path.stem for path in (REPO_ROOT / "configs" / task).glob("*.yaml")}
+        assert expected <= names, f"configs/{task} lacks {sorted(expected - names)}"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_scenario_config_loads(path: Path):
+    config = load_config(path)  # dataset paths need not exist: the loader never opens them
+    assert config.task == path.parent.name
+    assert config.model.name is not None, "model.name is filled from the task"
+    assert "{" not in config.output.dir and config.output.dir.endswith(path.stem)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_resolved_config_round_trips(path: Path, tmp_path: Path):
+    config = load_config(path)
+    written = save_resolved(config, tmp_path / "run")
+    assert written == tmp_path / "run" / RESOLVED_NAME
+    assert [p.name for p in written.parent.iterdir()] == [RESOLVED_NAME], "no temp file left"
+    assert load_config(written) == config
+
+
+def test_scenarios_set_what_their_names_promise():
+    ocr_smoke = load_config(REPO_ROOT / "configs/ocr/smoke.yaml")
+    assert (ocr_smoke.model.name, ocr_smoke.train.device) == ("crnn_tiny", "cpu")
+    assert ocr_smoke.loader.num_workers == 2 and ocr_smoke.train.max_steps
+    resnet_gpu = load_config(REPO_ROOT / "configs/resnet50/single_gpu.yaml")
+    assert resnet_gpu.loader.batch_size == 256 and resnet_gpu.train.amp == "bf16"
+    assert resnet_gpu.loader.prefetch_factor == 4 and resnet_gpu.loader.pin_memory
+    for task in ("ocr", "resnet50"):
+        remote = load_config(REPO_ROOT / f"configs/{task}/remote_storage.yaml")
+        assert remote.data.train.startswith("s3://") and remote.loader.persistent_workers
+        container = load_config(REPO_ROOT / f"configs/{task}/container.yaml")
+        assert container.data.train.startswith("/data/")
+        assert container.output.dir.startswith("/runs/")
+        assert container.data.cache_dir.startswith("/cache/")
+        small = load_config(REPO_ROOT / f"configs/{task}/small_dataset.yaml")
+        assert small.data.cache == "memory"
+
+
+# ---------------------------------------------------------------- malformed files
+def test_every_bad_config_fixture_has_an_expected_error():
+    on_disk = {path.name for path in BAD_CONFIGS}
+    assert len(on_disk) >= 20
+    assert on_disk == set(EXPECTED_ERRORS), "fixture files and EXPECTED_ERRORS must match"
+
+
+@pytest.mark.parametrize("path", BAD_CONFIGS, ids=lambda p: p.name)
+def test_bad_config_gives_one_line_error(path: Path):
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("config error: ")
+    assert "bad_configs/" in message, "the error names the file"
+    assert EXPECTED_ERRORS[path.name] in message
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["typo_with_suggestion.yaml", "invalid_syntax.yaml", "extends_cycle_a.yaml", "empty.yaml"],
+)
+def test_cli_prints_one_line_and_exits_2(name: str):
+    result = run_cli(str(BAD_CONFIGS_DIR / name))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert EXPECTED_ERRORS[name] in result.stderr
+
+
+def test_cli_prints_resolved_yaml():
+    result = run_cli("configs/ocr/smoke.yaml", "--set", "loader.batch_size=8")
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["loader"]["batch_size"] == 8
+    assert printed["output"]["dir"] == "runs/ocr-paddle-smoke"
+
+
+def test_cli_missing_file_exits_2():
+    result = run_cli("configs/ocr/no_such_scenario.yaml")
+    assert result.returncode == 2 and "file not found" in result.stderr
+
+
+# ---------------------------------------------------------------- --set overrides
+def test_set_overrides_are_parsed_as_yaml_values():
+    config = load_config(
+        REPO_ROOT / "configs/ocr/smoke.yaml",
+        [
+            "loader.num_workers=4",
+            "data.cache_max_bytes=512m",
+            "optim.lr=0.01",
+            "train.max_steps=",  # empty value: null
+            "model.name=crnn",
+        ],
+    )
+    assert config.loader.num_workers == 4
+    assert config.data.cache_max_bytes == 512 * 1024**2
+    assert config.optim.lr == 0.01
+    assert config.train.max_steps is None
+    assert config.model.name == "crnn"
+
+
+def test_set_unknown_key_suggests_and_names_the_override():
+    with pytest.raises(ConfigError) as caught:
+        load_config(REPO_ROOT / "configs/ocr/smoke.yaml", ["loader.num_wrkers=4"])
+    message = str(caught.value)
+    assert "--set loader.num_wrkers=4" in message
+    assert "Did you mean loader.num_workers?" in message
+
+
+def test_set_unknown_section_is_blamed_on_the_override():
+    with pytest.raises(ConfigError, match=r"--set lodaer.batch_size=4: lodaer: unknown key"):
+        load_config(REPO_ROOT / "configs/ocr/smoke.yaml", ["lodaer.batch_size=4"])
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("loader.batch_size=many", "loader.batch_size: expected int, got 'many'"),
+        ("loader.batch_size='8'", "expected int, got '8' (str)"),  # quoted in YAML: a string
+        ("train.amp=fp8", "train.amp: expected one of"),
+        ("loader.batch_size", "expected KEY=VALUE"),
+        ("seed.value=1", "seed: is a value, not a section"),
+    ],
+)
+def test_set_bad_values_are_rejected(override: str, expected: str):
+    with pytest.raises(ConfigError) as caught:
+        load_config(REPO_ROOT / "configs/resnet50/smoke.yaml", [override])
+    assert expected in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+# ---------------------------------------------------------------- types, sizes, extends
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        (1024, 1024),
+        ("100", 100),
+        ("512m", 512 * 1024**2),
+        ("8g", 8 * 1024**3),
+        ("8GB", 8 * 1024**3),
+        ("1.5GiB", int(1.5 * 1024**3)),
+        ("64 MiB", 64 * 1024**2),
+        ("2k", 2048),
+    ],
+)
+def test_size_strings(text, size):
+    config = config_from_dict(MINIMAL, overrides=[f"data.cache_max_bytes={text}"])
+    assert config.data.cache_max_bytes == size
+
+
+@pytest.mark.parametrize("junk", ["lots", "-1", "8x", "1.5.2g", "g"])
+def test_bad_size_strings(junk):
+    with pytest.raises(ConfigError, match="data.cache_max_bytes: expected a size"):
+        config_from_dict(MINIMAL, overrides=[f"data.cache_max_bytes={junk}"])
+
+
+def test_int_is_accepted_for_float_but_bool_is_not():
+    assert config_from_dict(MINIMAL, overrides=["optim.lr=1"]).optim.lr == 1.0
+    with pytest.raises(ConfigError, match=r"got True \(bool\)\. A bool"):
+        config_from_dict(MINIMAL, overrides=["optim.lr=true"])
+
+
+def test_defaults_fill_by_task_and_file_name():
+    config = config_from_dict(MINIMAL, name="mine")
+    assert config.model.name == "resnet50"
+    assert config.output.dir == "runs/resnet50-torch-mine"
+    assert config.loader.num_workers == "auto" and config.loader.prefetch_factor is None
+    assert config.data.cache_max_bytes == 2 * 1024**3
+
+
+def test_config_is_frozen():
+    config = config_from_dict(MINIMAL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seed = 1  # type: ignore[misc]
+    assert isinstance(config, Config)
+
+
+def test_extends_deep_merges_dicts_and_replaces_lists(tmp_path: Path):
+    (tmp_path / "base.yaml").write_text(
+        "task: ocr\nframework: paddle\n"
+        "data: {train: t, char_dict: c.txt, image_shape: [3, 32, 100]}\n"
+        "loader: {batch_size: 16, num_workers: 3}\n"
+    )
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "middle.yaml").write_text("extends: ../base.yaml\nseed: 7\n")
+    (tmp_path / "child.yaml").write_text(
+        "extends: sub/middle.yaml\nloader: {batch_size: 8}\ndata: {image_shape: [1, 48, 320]}\n"
+    )
+    config = load_config(tmp_path / "child.yaml")
+    assert (config.loader.batch_size, config.loader.num_workers) == (8, 3)
+    assert config.data.image_shape == [1, 48, 320] and config.data.char_dict == "c.txt"
+    assert config.seed == 7
+
+
+def test_extends_accepts_an_absolute_path(tmp_path: Path):
+    (tmp_path / "child.yaml").write_text(
+        f"extends: {REPO_ROOT / 'configs/resnet50/smoke.yaml'}\nseed: 5\n"
+    )
+    config = load_config(tmp_path / "child.yaml")
+    assert config.seed == 5 and config.model.name == "resnet18"
+    assert config.output.dir == "runs/resnet50-torch-child"
+
+
+def test_relative_data_paths_are_kept_as_written():
+    config = load_config(REPO_ROOT / "configs/ocr/base.yaml")
+    assert config.data.train == "data/synth_ocr/train"  # relative to the repository root
+
+
+# ---------------------------------------------------------------- num_workers: auto
+@pytest.mark.parametrize(
+    ("cores", "workers"), [(1, 1), (2, 1), (4, 3), (8, 6), (11, 8), (16, 8), (128, 8)]
+)
+def test_resolve_num_workers_auto(cores: int, workers: int):
+    count, reason = resolve_num_workers("auto", cpu_count=cores)
+    assert count == workers
+    assert reason == f"auto: min(8, 0.75 x {cores} cores) = {workers}"
+
+
+def test_resolve_num_workers_shares_cores_between_ranks():
+    assert resolve_num_workers("auto", cpu_count=32, local_world_size=4)[0] == 6
+    assert resolve_num_workers("auto", cpu_count=2, local_world_size=8)[0] == 1
+
+
+def test_resolve_num_workers_passes_numbers_through_and_reads_this_machine():
+    assert resolve_num_workers(0) == (0, "set in config: 0")
+    assert resolve_num_workers(12)[0] == 12
+    count, reason = resolve_num_workers("auto")
+    assert 1 <= count <= 8 and reason.startswith("auto: min(8, 0.75 x ")

@@ -1,0 +1,103 @@
+"""The data CLIs as a user runs them: --help, generation, validation exit codes, refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.corrupt import write_charset, write_corrupt_lmdb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize("script", ["make_synthetic.py", "convert.py", "validate_data.py"])
+def test_help(script):
+    result = run(str(ROOT / "scripts" / script), "--help")
+    assert result.returncode == 0 and "usage:" in result.stdout
+
+
+def test_generate_then_validate_clean(tmp_path):
+    result = run(
+        "scripts/make_synthetic.py",
+        "ocr",
+        "--out",
+        str(tmp_path / "ocr"),
+        "--num",
+        "60",
+        "--charset",
+        "full",
+        "--quiet",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "wrote 60 text lines" in result.stdout
+    assert (tmp_path / "ocr" / "train" / "data.mdb").is_file()
+    assert (tmp_path / "ocr" / "val" / "data.mdb").is_file()
+    check = run(
+        "scripts/validate_data.py",
+        str(tmp_path / "ocr"),
+        "--char-dict",
+        str(tmp_path / "ocr" / "charset.txt"),
+        "--quiet",
+    )
+    assert check.returncode == 0 and check.stdout.splitlines()[-1].startswith("0 bad of 60")
+    h5 = run(
+        "scripts/make_synthetic.py",
+        "imagenet",
+        "--out",
+        str(tmp_path / "i.h5"),
+        "--num",
+        "8",
+        "--classes",
+        "2",
+        "--quiet",
+    )
+    assert h5.returncode == 0 and "KB/image" in h5.stdout
+    again = run(
+        "scripts/make_synthetic.py",
+        "imagenet",
+        "--out",
+        str(tmp_path / "i.h5"),
+        "--num",
+        "8",
+        "--quiet",
+    )
+    assert (
+        again.returncode == 2 and "already exists" in again.stderr and "--overwrite" in again.stderr
+    )
+    assert run("scripts/validate_data.py", str(tmp_path / "i.h5"), "--quiet").returncode == 0
+
+
+def test_validate_reports_bad_keys_and_exits_nonzero(tmp_path):
+    path, expected = write_corrupt_lmdb(tmp_path / "bad")
+    charset = write_charset(tmp_path / "charset.txt")
+    result = run(
+        "scripts/validate_data.py",
+        str(path),
+        "--char-dict",
+        str(charset),
+        "--quiet",
+        "--bad-keys-out",
+        str(tmp_path / "bad.tsv"),
+    )
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[-1] == f"9 bad of 12 records in {path}"
+    kinds = sorted(line.split("\t")[1] for line in lines[:-1])
+    assert kinds == sorted(k for k, n in expected.items() for _ in range(n))
+    assert (tmp_path / "bad.tsv").read_text().count("\n") == 9
+
+
+def test_validate_wrong_path_is_one_clear_line(tmp_path):
+    result = run("scripts/validate_data.py", str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: dataset path does not exist")
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,145 @@
+"""End to end: python -m train on the four {ocr, resnet50} x {paddle, torch} smoke configs over
+tiny fixture data, the run directory's contents, one-line errors, and resume after SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = [
+    "train.max_steps=12",
+    "train.log_every=2",
+    "train.eval_every=6",
+    "train.checkpoint_every=6",
+    "loader.num_workers=2",
+    "loader.batch_size=8",
+]
+
+
+def data_overrides(task: str, ocr_lmdb: Path, image_h5: Path) -> list[str]:
+    if task == "ocr":
+        return [
+            f"data.train={ocr_lmdb}",
+            f"data.val={ocr_lmdb}",
+            f"data.char_dict={ocr_lmdb.parent / 'charset.txt'}",
+        ]
+    return [
+        f"data.train={image_h5}",
+        f"data.val={image_h5}",
+        "data.image_size=64",
+        "data.eval_resize=72",
+    ]
+
+
+def train_cmd(task, framework, out, extra=(), ocr_lmdb=None, image_h5=None) -> list[str]:
+    sets = [f"framework={framework}", *FAST, *data_overrides(task, ocr_lmdb, image_h5), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "train",
+        "--config",
+        f"configs/{task}/smoke.yaml",
+        "--output-dir",
+        str(out),
+    ]
+    for item in sets:
+        cmd += ["--set", item]
+    return cmd
+
+
+def run_train(*args, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        train_cmd(*args, **kwargs), cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+PAIRS = [
+    pytest.param("ocr", "paddle", marks=pytest.mark.paddle),
+    pytest.param("resnet50", "paddle", marks=pytest.mark.paddle),
+    pytest.param("ocr", "torch", marks=pytest.mark.torch),
+    pytest.param("resnet50", "torch", marks=pytest.mark.torch),
+]
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_smoke_config_trains_end_to_end(task, framework, tmp_path, ocr_lmdb, image_h5):
+    out = tmp_path / "run"
+    result = run_train(task, framework, out, ocr_lmdb=ocr_lmdb, image_h5=image_h5)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for name in (
+        "config.resolved.yaml",
+        "train.log",
+        "metrics.jsonl",
+        "summary.json",
+        "plots/loss.png",
+        "plots/throughput.png",
+        "checkpoints/latest",
+    ):
+        assert (out / name).exists(), name
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["type"] == "train"]
+    assert [r["step"] for r in train] == list(range(2, 13, 2))
+    for key in (
+        "loss",
+        "lr",
+        "samples_per_s",
+        "reader_cost_s",
+        "batch_cost_s",
+        "data_wait_fraction",
+        "bad_samples",
+    ):
+        assert all(key in r for r in train), key
+    assert any(r["type"] == "eval" and r["step"] == 12 for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["bad_samples_total"] == 0
+    assert "samples_per_s" in result.stdout  # the summary table
+    kept = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    assert kept == ["step-00000006", "step-00000012"]
+
+
+@pytest.mark.parametrize("task, framework", [PAIRS[0], PAIRS[3]])
+def test_existing_run_needs_resume_or_overwrite(task, framework, tmp_path, ocr_lmdb, image_h5):
+    out = tmp_path / "run"
+    first = run_train(
+        task, framework, out, ["train.max_steps=6"], ocr_lmdb=ocr_lmdb, image_h5=image_h5
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_train(
+        task, framework, out, ["train.max_steps=6"], ocr_lmdb=ocr_lmdb, image_h5=image_h5
+    )
+    assert again.returncode != 0 and "already holds a run" in again.stderr
+    assert "--resume" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_bad_config_is_one_line_without_traceback(tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "train",
+        "--config",
+        "configs/ocr/smoke.yaml",
+        "--set",
+        "loader.num_wokers=3",
+        "--output-dir",
+        str(tmp_path),
+    ]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "loader.num_workers" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("task, framework", [PAIRS[0], PAIRS[3]])
+def test_missing_dataset_is_a_clear_data_error(task, framework, tmp_path, ocr_lmdb, image_h5):
+    missing = (f"data.train={tmp_path / 'nope'}",)
+    result = run_train(
+        task, framework, tmp_path / "run", missing, ocr_lmdb=ocr_lmdb, image_h5=image_h5
+    )
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "error:" in result.stderr and "HINT" in result.stderr
+    assert "Traceback" not in result.stderr

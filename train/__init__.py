@@ -1,0 +1,1 @@
+"""Training: config, loop, metrics, checkpoints and the per-framework backends."""

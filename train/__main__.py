@@ -1,0 +1,166 @@
+"""Train the OCR recognizer or ResNet-50 with PaddlePaddle or PyTorch, from one YAML config.
+
+    python -m train --config configs/ocr/smoke.yaml
+    python -m train --config configs/resnet50/smoke.yaml --set framework=paddle
+    torchrun --nproc-per-node 2 -m train --config configs/resnet50/multi_gpu.yaml
+    python -m paddle.distributed.launch --gpus 0,1 train/__main__.py \
+        --config configs/ocr/multi_gpu.yaml
+
+Exit codes: 0 done; 2 bad config or command line; 3 data problem (dataset unreadable, too many
+bad samples); 4 checkpoint problem; 5 /dev/shm too small for the config (shm.policy fail);
+143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (continue with --resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+EXIT_CONFIG, EXIT_DATA, EXIT_CHECKPOINT, EXIT_SHM = 2, 3, 4, 5
+log = logging.getLogger("train")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config", required=True, help="scenario YAML, e.g. configs/ocr/smoke.yaml"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set loader.num_workers=4 (repeatable)",
+    )
+    parser.add_argument("--output-dir", help="run directory (default: output.dir of the config)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    group.add_argument(
+        "--overwrite", action="store_true", help="delete an existing run directory and start over"
+    )
+    return parser.parse_args(argv)
+
+
+def one_line(exc: BaseException) -> str:
+    """The message a user needs, without a worker's re-raised traceback around it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error: " in line and not line.startswith("File "):
+            return line.split("Error: ", 1)[1]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def setup_logging(run_dir: Path | None, is_main: bool) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if run_dir is not None and is_main:
+        handlers.append(logging.FileHandler(run_dir / "train.log"))
+    logging.basicConfig(
+        level=logging.INFO if is_main else logging.WARNING,
+        force=True,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+    )
+
+
+def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
+    from train import checkpoint
+
+    if checkpoint.latest(run_dir) is not None and not (args.resume or args.overwrite):
+        raise SystemExit(
+            f"error: {run_dir} already holds a run. HINT: pass --resume to continue it, "
+            "--overwrite to start over, or --output-dir for a new run"
+        )
+    if args.overwrite and is_main and run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from train.config import ConfigError, load_config, resolve_num_workers, save_resolved
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    from datasets.errors import DatasetError, TooManyBadSamplesError
+    from train import loop, preflight, report
+    from train.backends.base import make_backend
+    from train.checkpoint import CheckpointError
+    from train.data import build_run_data
+
+    backend = make_backend(config)
+    dist = backend.init_distributed()
+    run_dir = Path(args.output_dir or config.output.dir)
+    setup_logging(None, dist.is_main)
+    prepare_run_dir(run_dir, args, dist.is_main)
+    backend.barrier()
+    setup_logging(run_dir, dist.is_main)
+    if dist.is_main:
+        save_resolved(config, run_dir)
+    log.info(
+        "run %s: %s %s on %s, %d rank(s)",
+        run_dir,
+        config.task,
+        config.framework,
+        backend.device_name,
+        dist.world_size,
+    )
+    backend.seed_everything(config.seed, config.deterministic)
+    workers, reason = resolve_num_workers(
+        config.loader.num_workers, local_world_size=dist.local_world_size
+    )
+    log.info("num_workers=%d (%s)", workers, reason)
+    try:
+        config, workers = preflight.apply_policy(config, workers, dist.local_world_size)
+    except preflight.ShmTooSmallError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        backend.shutdown()
+        return EXIT_SHM
+    data = None
+    try:
+        data = build_run_data(config, run_dir)
+        summary = loop.train(config, backend, dist, data, run_dir, args.resume, workers)
+    except loop.StopRequested as exc:
+        log.warning("%s; continue with --resume", exc)
+        return 130 if "SIGINT" in str(exc) else 143
+    except (DatasetError, TooManyBadSamplesError) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_DATA
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CHECKPOINT
+    except Exception as exc:
+        if "TooManyBadSamplesError" in str(exc) or "DatasetError" in str(exc):
+            print(f"error: {one_line(exc)}", file=sys.stderr)  # raised inside a worker
+            return EXIT_DATA
+        raise
+    finally:
+        if data is not None:
+            data.close()
+        backend.shutdown()
+    if dist.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        plots = report.write_plots(run_dir)
+        print(report.summary_table({"run_dir": str(run_dir), **summary}))
+        print(f"metrics: {run_dir / 'metrics.jsonl'}; plots: {', '.join(map(str, plots))}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

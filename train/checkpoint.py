@@ -1,0 +1,103 @@
+"""Checkpoints that are never half-written, and the run position they restore.
+
+A checkpoint is a directory ``checkpoints/step-00001234/`` holding the backend's files
+(model, optimizer, schedule, RNG states, in formats that load without unpickling) and
+``trainer.json`` (epoch, step, samples consumed in the epoch, framework, task). It is written
+as ``*.partial`` and renamed into place, so a crash mid-write leaves the previous checkpoint as
+the latest; ``latest`` names the newest and is replaced atomically too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Position:
+    epoch: int = 0
+    step: int = 0  # optimizer steps done
+    epoch_samples: int = 0  # this rank's samples consumed in the current epoch
+
+
+class CheckpointError(Exception):
+    pass
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{position.step:08d}"
+    tmp = root / f"step-{position.step:08d}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    backend.save_state(tmp)
+    meta = {
+        "position": asdict(position),
+        "framework": config.framework,
+        "task": config.task,
+        "model": config.model.name,
+        "saved_at": time.time(),
+    }
+    _write_atomic(tmp / "trainer.json", json.dumps(meta, indent=2))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _write_atomic(root / "latest", final.name + "\n")
+    for old in sorted(root.glob("step-????????"))[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    log.info("checkpoint %s", final)
+    return final
+
+
+def latest(run_dir: Path) -> Path | None:
+    root = Path(run_dir) / "checkpoints"
+    marker = root / "latest"
+    if marker.is_file():
+        candidate = root / marker.read_text().strip()
+        if (candidate / "trainer.json").is_file():
+            return candidate
+    complete = [p for p in sorted(root.glob("step-????????")) if (p / "trainer.json").is_file()]
+    return complete[-1] if complete else None
+
+
+def restore(run_dir: Path, backend, config) -> Position:
+    """Load the latest checkpoint of ``run_dir`` into ``backend``; return where to continue."""
+    path = latest(run_dir)
+    if path is None:
+        raise CheckpointError(
+            f"--resume: no checkpoint in {Path(run_dir) / 'checkpoints'}. HINT: drop --resume to "
+            "start a new run, or point --output-dir at the run to continue"
+        )
+    meta = json.loads((path / "trainer.json").read_text())
+    for key in ("framework", "task", "model"):
+        wanted = (
+            config.framework
+            if key == "framework"
+            else (config.task if key == "task" else config.model.name)
+        )
+        if meta[key] != wanted:
+            raise CheckpointError(
+                f"--resume: {path} was written by {key}={meta[key]}, this config has {wanted}. "
+                "HINT: resume with the config that started the run, or use a new --output-dir"
+            )
+    backend.load_state(path)
+    position = Position(**meta["position"])
+    log.info("resumed from %s (epoch %d, step %d)", path, position.epoch, position.step)
+    return position

@@ -1,0 +1,161 @@
+"""/dev/shm sizing before the first batch, and the short-shm policy.
+
+Worker processes hand batches to the trainer through shared memory (PyTorch always; Paddle with
+use_shared_memory). When /dev/shm is too small (Docker's default is 64 MB) PyTorch dies with
+"Bus error" or hangs, and Paddle crashes or silently slows down. We compute the need from the
+real sample shapes and say so before starting:
+
+  need = batch bytes x batches in flight per loader (prefetch_factor x num_workers + 2 held by
+         the trainer) x loaders alive at once x local ranks x headroom + memory-cache bytes
+
+shm.policy "fail" stops with the fix; "adapt" lowers prefetch_factor, then num_workers, and for
+Paddle finally turns use_shared_memory off (pipes: slower, but no shm), with a loud warning that
+states the expected slowdown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger("train")
+
+SHM_PATH = "/dev/shm"
+SHM_FIX = (
+    "give the container more shared memory: shm_size: 8g in compose.yaml (docker run "
+    "--shm-size=8g), or ipc: host; on Kubernetes mount a memory-backed emptyDir at "
+    "/dev/shm; or lower loader.prefetch_factor / loader.num_workers; or set "
+    "shm.policy: adapt"
+)
+
+
+class ShmTooSmallError(Exception):
+    pass
+
+
+def sample_bytes(config, sample: dict | None = None) -> int:
+    """Bytes of one collated sample: from a real sample when given, else from the config's
+    fixed output shapes (our pipelines always produce these)."""
+    if sample is not None:
+        return int(sum(np.asarray(v).nbytes for v in sample.values()))
+    if config.task == "ocr":
+        channels, height, width = config.data.image_shape
+        return channels * height * width + 4 * config.data.max_text_length + 4
+    return 3 * config.data.image_size**2 + 8
+
+
+@dataclass
+class ShmPlan:
+    batch_bytes: int
+    batches_in_flight: int
+    loaders: int
+    local_ranks: int
+    cache_bytes: int
+    headroom: float
+
+    @property
+    def need_bytes(self) -> int:
+        ipc = self.batch_bytes * self.batches_in_flight * self.loaders * self.local_ranks
+        return int(ipc * self.headroom) + self.cache_bytes * self.local_ranks
+
+    def describe(self) -> str:
+        return (
+            f"{_mb(self.need_bytes)} = {_mb(self.batch_bytes)}/batch x "
+            f"{self.batches_in_flight} in flight x {self.loaders} loader(s) x "
+            f"{self.local_ranks} rank(s) x headroom {self.headroom:g}"
+            + (f" + memory cache {_mb(self.cache_bytes)}/rank" if self.cache_bytes else "")
+        )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def uses_shm(config, workers: int) -> bool:
+    if workers == 0:
+        return False
+    return config.framework == "torch" or config.loader.use_shared_memory
+
+
+def plan(config, workers: int, local_ranks: int, sample: dict | None = None) -> ShmPlan:
+    loader = config.loader
+    prefetch = loader.prefetch_factor or 2
+    in_flight = prefetch * workers + 2 if uses_shm(config, workers) else 0
+    # The validation loader's workers are alive at the same time only when persistent.
+    loaders = 2 if (config.data.val and loader.persistent_workers) else 1
+    batch = max(loader.batch_size, loader.eval_batch_size or 0) * sample_bytes(config, sample)
+    cache = config.data.cache_max_bytes if config.data.cache == "memory" else 0
+    return ShmPlan(batch, in_flight, loaders, local_ranks, cache, config.shm.headroom)
+
+
+def shm_free_bytes(path: str = SHM_PATH) -> int:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize
+
+
+def apply_policy(
+    config, workers: int, local_ranks: int, sample: dict | None = None, free: int | None = None
+):
+    """Return (config, workers) that fit /dev/shm, or raise ShmTooSmallError (policy fail)."""
+    free = shm_free_bytes() if free is None else free
+    first = plan(config, workers, local_ranks, sample)
+    if first.need_bytes <= free:
+        log.info("/dev/shm: need %s, %s free: OK", first.describe(), _mb(free))
+        return config, workers
+    problem = (
+        f"/dev/shm too small: this config needs {first.describe()}, but only "
+        f"{_mb(free)} is free in {SHM_PATH}"
+    )
+    if config.shm.policy == "fail":
+        raise ShmTooSmallError(f"{problem}. HINT: {SHM_FIX}")
+    adapted, new_workers = _adapt(config, workers, local_ranks, sample, free)
+    after = plan(adapted, new_workers, local_ranks, sample)
+    log.warning(
+        "%s. shm.policy=adapt: continuing with prefetch_factor=%s num_workers=%d "
+        "use_shared_memory=%s (need now %s). EXPECT SLOWER INPUT: about %d/%d of the configured "
+        "worker throughput%s. Fix: %s",
+        problem,
+        adapted.loader.prefetch_factor,
+        new_workers,
+        adapted.loader.use_shared_memory,
+        _mb(after.need_bytes),
+        max(new_workers, 1),
+        max(workers, 1),
+        ", batches travel through pipes instead of shared memory"
+        if not adapted.loader.use_shared_memory and config.loader.use_shared_memory
+        else "",
+        SHM_FIX,
+    )
+    return adapted, new_workers
+
+
+def _with_loader(config, **changes):
+    return dataclasses.replace(config, loader=dataclasses.replace(config.loader, **changes))
+
+
+def _adapt(config, workers, local_ranks, sample, free):
+    def fits(cfg, n):
+        return plan(cfg, n, local_ranks, sample).need_bytes <= free
+
+    candidate = _with_loader(config, prefetch_factor=1) if workers else config
+    if fits(candidate, workers):
+        return candidate, workers
+    for n in range(workers - 1, 0, -1):
+        if fits(candidate, n):
+            return candidate, n
+    if config.framework == "paddle":
+        # Paddle can hand batches over through pipes: every worker kept, no shm used.
+        return _with_loader(candidate, use_shared_memory=False), workers
+    if fits(candidate, 0):  # torch: no workers means no IPC at all
+        return _with_loader(candidate, prefetch_factor=None, persistent_workers=False), 0
+    raise ShmTooSmallError(
+        f"/dev/shm has {_mb(free)} free, too little even for the memory "
+        f"cache alone. HINT: {SHM_FIX}"
+    )

@@ -1,0 +1,191 @@
+"""Where the time goes: reader cost, batch cost, samples/s, data-wait share, bad samples, GPU.
+
+Timing model: the trainer alternates between waiting for the next batch (reader cost: the time
+blocked in the loader, including the host-to-device copy) and computing. Over a logging window,
+data-wait share = sum(reader cost) / wall time. Device work is asynchronous, so single steps are
+not timed; the window ends at a synchronizing point (the loss read-out), which makes the window
+sums honest. Only rank 0 logs and writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("train")
+
+STALL_WINDOWS = 3  # consecutive high-wait windows before the warning
+
+
+class GpuMonitor:
+    """Utilization and memory of this process's GPU through NVML, when nvidia-ml-py and a GPU
+    are both present; otherwise returns nothing."""
+
+    def __init__(self, index: int) -> None:
+        self._handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._nvml = pynvml
+        except Exception:  # no library, no driver or no GPU: GPU columns stay empty
+            self._handle = None
+
+    def sample(self) -> dict[str, float]:
+        if self._handle is None:
+            return {}
+        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+        memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        return {"gpu_util": float(util.gpu), "gpu_mem_gb": memory.used / 1e9}
+
+
+class ScalarWriter:
+    """TensorBoard (torch) or VisualDL (paddle) when installed; silently nothing otherwise."""
+
+    def __init__(self, framework: str, log_dir: Path) -> None:
+        self._writer = None
+        try:
+            if framework == "torch":
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(log_dir))
+            else:
+                from visualdl import LogWriter
+
+                self._writer = LogWriter(logdir=str(log_dir))
+        except Exception:
+            self._writer = None
+
+    def add(self, tag: str, value: float, step: int) -> None:
+        if self._writer is not None:
+            self._writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+class Telemetry:
+    def __init__(
+        self, config, run_dir: Path, is_main: bool, global_batch: int, gpu_index: int, knobs: str
+    ) -> None:
+        self.config = config
+        self.is_main = is_main
+        self.global_batch = global_batch
+        self.knobs = knobs  # the loader settings in effect, quoted in the stall warning
+        self.history: list[dict] = []
+        # Held open for the whole run (closed in close()), flushed after every record.
+        self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if is_main else None  # noqa: SIM115
+        self._scalars = ScalarWriter(config.framework, run_dir / "scalars") if is_main else None
+        self._gpu = GpuMonitor(gpu_index)
+        self._bar = None
+        self._stall_windows = 0
+        self.totals = {"wait_s": 0.0, "wall_s": 0.0, "samples": 0, "steps": 0}
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._window = {"wait_s": 0.0, "steps": 0, "start": time.perf_counter()}
+
+    def start_progress(self, total_steps: int, done: int) -> None:
+        if self.is_main and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=done, unit="step", dynamic_ncols=True)
+
+    def timed(self, batches):
+        """Yield from ``batches``, adding the time blocked in each ``next`` to the window."""
+        iterator = iter(batches)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._window["wait_s"] += time.perf_counter() - start
+            yield batch
+
+    def step_done(self, step: int) -> None:
+        self._window["steps"] += 1
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def log_window(self, step: int, epoch: int, loss: float, lr: float, bad: int) -> dict:
+        """Close the logging window (the caller has just synchronized by reading the loss)."""
+        now = time.perf_counter()
+        wall = max(now - self._window["start"], 1e-9)
+        steps = max(self._window["steps"], 1)
+        record = {
+            "type": "train",
+            "step": step,
+            "epoch": epoch,
+            "loss": loss,
+            "lr": lr,
+            "samples_per_s": steps * self.global_batch / wall,
+            "reader_cost_s": self._window["wait_s"] / steps,
+            "batch_cost_s": wall / steps,
+            "data_wait_fraction": min(1.0, self._window["wait_s"] / wall),
+            "bad_samples": bad,
+            **self._gpu.sample(),
+        }
+        for key, value in (
+            ("wait_s", self._window["wait_s"]),
+            ("wall_s", wall),
+            ("samples", steps * self.global_batch),
+            ("steps", steps),
+        ):
+            self.totals[key] += value
+        self._reset_window()
+        self._check_stall(record)
+        self.emit(record)
+        return record
+
+    def _check_stall(self, record: dict) -> None:
+        high = record["data_wait_fraction"] > self.config.train.stall_warn_fraction
+        self._stall_windows = self._stall_windows + 1 if high else 0
+        if self._stall_windows == STALL_WINDOWS and self.is_main:
+            log.warning(
+                "data-starved: %.0f%% of step time waiting for data over the last %d windows "
+                "(%s). Turn these knobs: raise loader.num_workers (up to the cores you have), "
+                "loader.prefetch_factor 2-4, loader.persistent_workers: true, data.cache: memory "
+                "for a dataset that fits in RAM; check the storage (scripts/validate_data.py, "
+                "local copy of remote data).",
+                100 * record["data_wait_fraction"],
+                STALL_WINDOWS,
+                self.knobs,
+            )
+
+    def emit(self, record: dict) -> None:
+        """Write a record to metrics.jsonl, the scalar writer and the log (rank 0 only)."""
+        if not self.is_main:
+            return
+        self.history.append(record)
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        step = record.get("step", 0)
+        for key, value in record.items():
+            if isinstance(value, float) and key not in ("step", "epoch"):
+                self._scalars.add(f"{record['type']}/{key}", value, step)
+        text = " ".join(_fmt(k, v) for k, v in record.items() if k != "type")
+        message = f"[{record['type']}] {text}"
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            log.info(message)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._scalars is not None:
+            self._scalars.close()
+
+
+def _fmt(key: str, value) -> str:
+    if isinstance(value, float):
+        return f"{key}={value:.4g}"
+    return f"{key}={value}"
