@@ -9,7 +9,8 @@ COMMON_REQS := requirements/common.txt requirements/remote.txt requirements/cons
 OCR_DATA := data/synth_ocr
 IMAGENET_DATA := data/synth_imagenet
 
-.PHONY: setup train-ocr train-resnet50 data test test-torch test-paddle lint format clean-venvs
+.PHONY: setup train-ocr train-resnet50 data test test-torch test-paddle lint format clean-venvs \
+	doctor bench bench-quick
 
 setup: .venv-paddle/.installed .venv-torch/.installed
 
@@ -43,6 +44,20 @@ train-ocr: .venv-paddle/.installed $(OCR_DATA)/charset.txt
 
 train-resnet50: .venv-torch/.installed $(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5
 	$(TORCH) -m train --config configs/resnet50/smoke.yaml $(ARGS)
+
+doctor: .venv-paddle/.installed
+	$(PADDLE) -m train.doctor --config $(or $(CONFIG),configs/ocr/smoke.yaml)
+
+# Input-pipeline benchmark: each framework's part in its own env, merged into one report.
+bench-quick: .venv-torch/.installed .venv-paddle/.installed
+	$(TORCH) scripts/bench_loader.py --preset quick --out bench/results/quick-torch.json
+	$(PADDLE) scripts/bench_loader.py --preset quick --out bench/results/quick-paddle.json
+	$(TORCH) scripts/bench_loader.py --merge bench/results/quick-torch.json bench/results/quick-paddle.json --out bench/results/quick.json
+
+bench: .venv-torch/.installed .venv-paddle/.installed
+	$(TORCH) scripts/bench_loader.py --preset full --out bench/results/full-torch.json
+	$(PADDLE) scripts/bench_loader.py --preset full --out bench/results/full-paddle.json
+	$(TORCH) scripts/bench_loader.py --merge bench/results/full-torch.json bench/results/full-paddle.json --out bench/results/full.json
 
 lint: .venv-torch/.installed
 	.venv-torch/bin/ruff check .

@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
         )
     for item in items:
         for framework in ("torch", "paddle"):
-            if framework in item.keywords and importlib.util.find_spec(framework) is None:
+            if item.get_closest_marker(framework) and importlib.util.find_spec(framework) is None:
                 item.add_marker(pytest.mark.skip(reason=f"needs {framework}"))
 
 

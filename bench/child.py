@@ -1,0 +1,144 @@
+"""Benchmark child: runs trials of one pipeline, one JSON spec per stdin line.
+
+  python -m bench.child        (started by bench.runner, never by hand)
+
+Each pipeline lives in its own long-lived child so imports are paid once, a segfault in a peer
+(PaddleOCR's LMDBDataSet on PNG records, DESIGN.md section 5) kills only that child, and the
+memory we sample (this process and its loader workers) belongs to one pipeline. Results go to
+the file named in the spec, not stdout, which frameworks print warnings into.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.pipelines import BUILDERS, batch_nbytes, image_dtype  # noqa: E402
+
+MB = 2**20
+
+
+def shm_used() -> int:
+    try:
+        return shutil.disk_usage("/dev/shm").used
+    except OSError:
+        return 0
+
+
+class MemorySampler:
+    """Peak RSS/USS of each loader worker (children of this process) and of /dev/shm use."""
+
+    def __init__(self) -> None:
+        self.me = psutil.Process()
+        self.shm_base = shm_used()
+        self.shm_peak = 0
+        self.rss: dict[int, float] = {}
+        self.uss: dict[int, float] = {}
+        self.first_uss: dict[int, float] = {}
+
+    def sample(self) -> None:
+        self.shm_peak = max(self.shm_peak, shm_used() - self.shm_base)
+        for child in self.me.children(recursive=True):
+            try:
+                info = child.memory_full_info()
+            except (psutil.Error, OSError):
+                continue  # a worker that just exited
+            self.rss[child.pid] = max(self.rss.get(child.pid, 0), info.rss / MB)
+            self.uss[child.pid] = max(self.uss.get(child.pid, 0), info.uss / MB)
+            self.first_uss.setdefault(child.pid, info.uss / MB)
+
+    def summary(self) -> dict:
+        growth = [self.uss[p] - self.first_uss[p] for p in self.uss]
+        return {
+            "workers_seen": len(self.rss),
+            "peak_worker_rss_mb": round(max(self.rss.values(), default=0.0), 1),
+            "peak_worker_uss_mb": round(max(self.uss.values(), default=0.0), 1),
+            "worker_uss_growth_mb": round(max(growth, default=0.0), 2),
+            "main_rss_mb": round(self.me.memory_info().rss / MB, 1),
+            "shm_peak_delta_bytes": int(self.shm_peak),
+        }
+
+
+def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
+    """Iterate up to spec["batches"] batches (None = the whole epoch); time every wait."""
+    step_s, limit = spec.get("step_s", 0.0), spec.get("batches")
+    sample_every = spec.get("memory_every", 4)
+    start = time.perf_counter()
+    iterator = pipeline.epoch(epoch)
+    waits, stamps, nbytes, dtype = [], [], 0, ""
+    while limit is None or len(stamps) < limit:
+        before = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        now = time.perf_counter()
+        waits.append(now - before)
+        stamps.append(now)
+        if len(stamps) == 1:
+            nbytes, dtype = batch_nbytes(batch), image_dtype(batch)
+        if sample_every and len(stamps) % sample_every == 1:
+            memory.sample()
+        del batch
+        if step_s:
+            time.sleep(step_s)  # the simulated train step; the loader keeps working meanwhile
+    del iterator  # a non-persistent loader shuts its workers down here
+    return {"start": start, "waits": waits, "stamps": stamps, "bytes": nbytes, "dtype": dtype}
+
+
+def summarize(epochs: list[dict], spec: dict) -> dict:
+    """Steady-state samples/s after ``warmup`` batches of the last epoch, plus cold figures."""
+    warmup, batch_size = spec.get("warmup", 2), spec["batch_size"]
+    last = epochs[-1]
+    stamps, waits = last["stamps"], last["waits"]
+    steady = len(stamps) - 1 - warmup
+    result = {
+        "batches": len(stamps),
+        "batch_bytes": epochs[0]["bytes"],
+        "image_dtype": epochs[0]["dtype"],
+        "first_batch_s": [round(e["stamps"][0] - e["start"], 4) for e in epochs if e["stamps"]],
+        "epoch_s": [round(e["stamps"][-1] - e["start"], 4) for e in epochs if e["stamps"]],
+    }
+    if steady > 0:
+        wall = stamps[-1] - stamps[warmup]
+        result["samples_per_s"] = round(steady * batch_size / wall, 2)
+        # Wait fraction of the steady part: time blocked in next() over wall time.
+        result["wait_fraction"] = round(sum(waits[warmup + 1 :]) / wall, 4)
+    return result
+
+
+def run_trial(spec: dict) -> dict:
+    memory = MemorySampler()
+    built = time.perf_counter()
+    pipeline = BUILDERS[spec["pipeline"]](spec)
+    build_s = time.perf_counter() - built
+    try:
+        epochs = [run_epoch(pipeline, e, spec, memory) for e in range(spec.get("epochs", 1))]
+        memory.sample()
+    finally:
+        pipeline.close()
+    return {**summarize(epochs, spec), **memory.summary(), "build_s": round(build_s, 4)}
+
+
+def main() -> None:
+    for line in sys.stdin:
+        spec = json.loads(line)
+        try:
+            result = {"ok": True, **run_trial(spec)}
+        except Exception as exc:  # reported to the parent, which decides what it means
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        tmp = spec["result_file"] + ".tmp"
+        Path(tmp).write_text(json.dumps(result))
+        os.replace(tmp, spec["result_file"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The pipelines under test, each built from a plain dict ``spec`` inside a benchmark child.
+
+Every builder returns a ``Pipeline``: ``epoch(e)`` gives an iterator over that epoch's batches.
+Frameworks are imported inside the builders, so this module loads in either venv.
+
+Peers are configured as their own documentation and training scripts do:
+- torchvision's references/classification/train.py: ImageFolder + RandomResizedCrop(224),
+  RandomHorizontalFlip, PILToTensor-era ToTensor + Normalize, DataLoader(shuffle, pin_memory,
+  default collate).
+- PaddleOCR's build_dataloader: LMDBDataSet with DecodeImage / CTCLabelEncode / RecResizeImg /
+  KeepKeys (+ RecAug), a shuffling BatchSampler, paddle.io.DataLoader with shared memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+OCR_SHAPE = [3, 48, 320]
+MAX_TEXT_LENGTH = 25
+
+
+@dataclass
+class Pipeline:
+    epoch: Callable[[int], Iterator]
+    close: Callable[[], None] = lambda: None
+
+
+def _loader_knobs(spec: dict) -> dict:
+    workers = spec["workers"] > 0
+    return {
+        "num_workers": spec["workers"],
+        "prefetch_factor": spec.get("prefetch", 2) if workers else None,
+        "persistent_workers": bool(spec.get("persistent", False)) and workers,
+    }
+
+
+class DecodeOnly:
+    """Full-resolution PIL decode, then a free 224x224 corner: the ceiling of any pipeline that
+    decodes every pixel. Batches have our shape and dtype, so only the transform differs."""
+
+    def __init__(self, size: int = 224) -> None:
+        self.size = size
+
+    def __call__(self, data: bytes, label, rng) -> dict:
+        from datasets.decode import load_pil_rgb, open_pil
+
+        image = load_pil_rgb(open_pil(data))
+        corner = np.asarray(image.crop((0, 0, self.size, self.size)), dtype=np.uint8)
+        return {"image": corner, "label": np.int64(label)}
+
+
+def _dataset_kwargs(spec: dict) -> dict:
+    return {
+        "cache": spec.get("cache", "none"),
+        "cache_dir": spec.get("cache_dir", ".cache/data"),
+        "cache_max_bytes": spec.get("cache_max_bytes", 1 << 30),
+    }
+
+
+def _torch_ours(spec: dict, decode_only: bool = False) -> Pipeline:
+    from datasets.dataset import RecordDataset, build_image_dataset
+    from datasets.hdf5_images import Hdf5ImageSource
+    from datasets.sampler import EpochSampler
+    from train.backends.torch.data import make_loader
+
+    if decode_only:
+        dataset = RecordDataset(Hdf5ImageSource(spec["hdf5"]), DecodeOnly())
+    else:
+        dataset = build_image_dataset(spec["hdf5"], train=True, **_dataset_kwargs(spec))
+    sampler = EpochSampler(len(dataset), shuffle=True, seed=0)
+    loader = make_loader(
+        dataset,
+        sampler,
+        batch_size=spec["batch_size"],
+        pin_memory=spec.get("pin", False),
+        **_loader_knobs(spec),
+    )
+
+    def epoch(e: int) -> Iterator:
+        sampler.set_epoch(e)
+        return iter(loader)
+
+    return Pipeline(epoch, dataset.close)
+
+
+def _torchvision_ref(spec: dict) -> Pipeline:
+    import torch
+    from torchvision import datasets, transforms
+
+    recipe = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(224),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(MEAN, STD),
+        ]
+    )
+    dataset = datasets.ImageFolder(spec["folder"], transform=recipe)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=spec["batch_size"],
+        shuffle=True,
+        pin_memory=spec.get("pin", True),  # the reference always pins
+        drop_last=True,
+        **_loader_knobs(spec),
+    )
+    return Pipeline(lambda e: iter(loader))
+
+
+def _paddle_ours_ocr(spec: dict) -> Pipeline:
+    from datasets.dataset import build_ocr_dataset
+    from datasets.ocr_transforms import CharDict
+    from datasets.sampler import EpochBatchSampler, EpochSampler
+    from train.backends.paddle.data import make_loader
+
+    dataset = build_ocr_dataset(
+        spec["lmdb"],
+        CharDict.from_file(spec["charset"]),
+        train=True,
+        augment=spec.get("augment", False),
+        image_shape=OCR_SHAPE,
+        max_text_length=MAX_TEXT_LENGTH,
+        **_dataset_kwargs(spec),
+    )
+    sampler = EpochSampler(len(dataset), shuffle=True, seed=0)
+    batches = EpochBatchSampler(sampler, spec["batch_size"], drop_last=True)
+    knobs = _loader_knobs(spec)
+    loader = make_loader(
+        dataset,
+        batches,
+        num_workers=knobs["num_workers"],
+        prefetch_factor=knobs["prefetch_factor"],
+        persistent_workers=knobs["persistent_workers"],
+        use_shared_memory=spec.get("shm", True),
+    )
+
+    def epoch(e: int) -> Iterator:
+        sampler.set_epoch(e)
+        return iter(loader)
+
+    return Pipeline(epoch, dataset.close)
+
+
+def _paddleocr_peer(spec: dict) -> Pipeline:
+    import logging
+
+    import paddle
+    import paddleocr  # noqa: F401  (puts ppocr on sys.path)
+    from ppocr.data.lmdb_dataset import LMDBDataSet
+
+    ops = [{"DecodeImage": {"img_mode": "BGR", "channel_first": False}}]
+    if spec.get("augment", False):
+        ops.append({"RecAug": None})
+    ops += [
+        {"CTCLabelEncode": None},
+        {"RecResizeImg": {"image_shape": OCR_SHAPE}},
+        {"KeepKeys": {"keep_keys": ["image", "label", "length"]}},
+    ]
+    config = {
+        "Global": {
+            "character_dict_path": spec["charset"],
+            "max_text_length": MAX_TEXT_LENGTH,
+            "use_space_char": False,
+        },
+        "Train": {
+            "dataset": {"name": "LMDBDataSet", "data_dir": spec["lmdb"], "transforms": ops},
+            "loader": {"shuffle": True, "batch_size_per_card": spec["batch_size"]},
+        },
+    }
+    dataset = LMDBDataSet(config, "Train", logging.getLogger("ppocr"))
+    batch_sampler = paddle.io.BatchSampler(
+        dataset=dataset, batch_size=spec["batch_size"], shuffle=True, drop_last=True
+    )
+    knobs = _loader_knobs(spec)
+    loader = paddle.io.DataLoader(
+        dataset,
+        batch_sampler=batch_sampler,
+        num_workers=knobs["num_workers"],
+        prefetch_factor=knobs["prefetch_factor"] or 2,
+        persistent_workers=knobs["persistent_workers"],
+        use_shared_memory=spec.get("shm", True),
+        return_list=True,
+    )
+    return Pipeline(lambda e: iter(loader))
+
+
+BUILDERS: dict[str, Callable[[dict], Pipeline]] = {
+    "resnet50.ours": _torch_ours,
+    "resnet50.decode_only": lambda spec: _torch_ours(spec, decode_only=True),
+    "resnet50.torchvision_ref": _torchvision_ref,
+    "ocr.ours": _paddle_ours_ocr,
+    "ocr.paddleocr": _paddleocr_peer,
+}
+FRAMEWORK_OF = {name: "torch" if name.startswith("resnet50") else "paddle" for name in BUILDERS}
+
+
+def batch_nbytes(batch) -> int:
+    """Bytes of every array in a batch (dict or list of torch/paddle tensors or numpy)."""
+    items = batch.values() if isinstance(batch, dict) else batch
+    total = 0
+    for item in items:
+        if hasattr(item, "nbytes"):  # numpy
+            total += int(item.nbytes)
+        elif hasattr(item, "nelement"):  # torch
+            total += item.element_size() * item.nelement()
+        else:  # paddle Tensor
+            total += item.element_size() * int(np.prod(item.shape))
+    return total
+
+
+def image_dtype(batch) -> str:
+    first = batch["image"] if isinstance(batch, dict) else batch[0]
+    return str(first.dtype).replace("torch.", "").replace("paddle.", "")

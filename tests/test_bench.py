@@ -1,0 +1,98 @@
+"""scripts/bench_loader.py runs end to end in its tiny preset and writes the documented keys.
+No timing assertions: speed targets live in the benchmark (docs/benchmarks.md), not in tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_tiny(tmp_path: Path, framework: str) -> dict:
+    out = tmp_path / f"tiny-{framework}.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_loader.py",
+            "--preset",
+            "tiny",
+            "--framework",
+            framework,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert out.with_suffix(".md").is_file()
+    return json.loads(out.read_text())
+
+
+def _check_arm(row: dict, workers: list[str]) -> None:
+    assert sorted(row["samples_per_s"]) == workers
+    for w in workers:
+        assert row["samples_per_s"][w] > 0
+        detail = row["detail"][w]
+        assert detail["trials_ok"] == detail["trials"] >= 1
+        for key in ("batch_bytes", "peak_worker_uss_mb", "shm_peak_delta_bytes", "first_batch_s"):
+            assert key in detail
+
+
+def _check_common(result: dict, framework: str) -> None:
+    assert result["schema_version"] == 1 and result["framework"] == framework
+    assert {"cpu", "cores", "python", "packages"} <= set(result["machine"])
+    stall = result["stall"][framework]
+    assert stall["step_s"] > 0 and len(stall["configs"]) == 3
+    for row in stall["configs"].values():
+        assert 0 <= row["wait_fraction"] <= 1
+
+
+@pytest.mark.torch
+def test_bench_tiny_torch(tmp_path):
+    result = _run_tiny(tmp_path, "torch")
+    _check_common(result, "torch")
+    for arm in ("ours", "torchvision_ref", "decode_only"):
+        _check_arm(result["resnet50"][arm], ["0", "1"])
+    assert set(result["resnet50"]["ratios"]) == {"ours_vs_torchvision_ref", "ours_vs_decode_only"}
+    ipc = result["ipc"]["resnet50"]
+    assert (ipc["ours_dtype"], ipc["peer_dtype"]) == ("uint8", "float32")
+    assert ipc["ratio"] == pytest.approx(0.25, abs=0.01)
+    assert Path(tmp_path / "tiny-torch-resnet50-workers.png").is_file()
+
+
+@pytest.mark.paddle
+def test_bench_tiny_paddle_and_merge(tmp_path):
+    result = _run_tiny(tmp_path, "paddle")
+    _check_common(result, "paddle")
+    for arm in ("ours", "paddleocr"):
+        _check_arm(result["ocr"][arm], ["0", "1"])
+    assert result["ocr"]["png_probe"]["result"] in ("ok", "failed")
+    assert result["ocr"]["records"] in ("jpeg+png", "jpeg-only")
+    assert result["ipc"]["ocr"]["ours_dtype"] == "uint8"
+    # --merge joins per-venv files; here one file stands in for both halves.
+    merged = tmp_path / "merged.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_loader.py",
+            "--merge",
+            str(tmp_path / "tiny-paddle.json"),
+            "--out",
+            str(merged),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    joined = json.loads(merged.read_text())
+    assert "paddle" in joined["machines"] and joined["ocr"]["ours"] == result["ocr"]["ours"]

@@ -1,0 +1,97 @@
+"""/dev/shm sizing, the fail/adapt policy, and the doctor under a Docker-like 64 MB /dev/shm."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from train import preflight
+from train.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 2**20
+
+
+def config(name="configs/resnet50/single_gpu.yaml", *sets):
+    return load_config(ROOT / name, list(sets))
+
+
+def test_need_counts_batches_in_flight_loaders_ranks_and_cache():
+    cfg = config()  # batch 256 x 224x224x3 uint8, prefetch 4, persistent, with val
+    plan = preflight.plan(cfg, workers=8, local_ranks=2)
+    assert plan.batch_bytes == 256 * (3 * 224 * 224 + 8)
+    assert plan.batches_in_flight == 4 * 8 + 2 and plan.loaders == 2
+    assert plan.need_bytes == int(plan.batch_bytes * 34 * 2 * 2 * cfg.shm.headroom)
+    cached = config("configs/resnet50/small_dataset.yaml")
+    assert preflight.plan(cached, 2, 1).cache_bytes == cached.data.cache_max_bytes
+    # uint8 through IPC: a quarter of the float32 bytes of the same batch.
+    assert plan.batch_bytes / 256 < 0.26 * 4 * 3 * 224 * 224
+    assert preflight.plan(cfg, workers=0, local_ranks=1).need_bytes == 0
+
+
+def test_fail_policy_names_shm_and_the_fix():
+    with pytest.raises(preflight.ShmTooSmallError) as info:
+        preflight.apply_policy(config(), 8, 1, free=64 * MB)
+    message = str(info.value)
+    assert "/dev/shm too small" in message and "shm_size: 8g" in message
+    assert "ipc: host" in message and "shm.policy: adapt" in message
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_adapt_policy_fits_by_lowering_prefetch_then_workers(framework):
+    cfg = config("configs/resnet50/single_gpu.yaml", "shm.policy=adapt", f"framework={framework}")
+    free = 600 * MB
+    adapted, workers = preflight.apply_policy(cfg, 8, 1, free=free)
+    assert adapted.loader.prefetch_factor == 1
+    assert 0 < workers < 8
+    assert preflight.plan(adapted, workers, 1).need_bytes <= free
+    # With almost no shm: torch falls back to no workers, Paddle to pipes with all workers.
+    tiny, n = preflight.apply_policy(cfg, 8, 1, free=1 * MB)
+    if framework == "torch":
+        assert n == 0
+    else:
+        assert n == 8 and tiny.loader.use_shared_memory is False
+    assert preflight.plan(tiny, n, 1).need_bytes <= 1 * MB
+
+
+def _doctor(shm_mb: int | None, tmp_path) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "train.doctor",
+        "--config",
+        "configs/resnet50/single_gpu.yaml",
+        "--set",
+        f"output.dir={tmp_path}",
+    ]
+    if shm_mb is not None:
+        inner = " ".join(f"'{c}'" for c in cmd)
+        cmd = [
+            "unshare",
+            "--mount",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size={shm_mb}m tmpfs /dev/shm && exec {inner}",
+        ]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def _shm_line(output: str) -> str:
+    return next(line for line in output.splitlines() if "/dev/shm" in line and "need" in line)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_doctor_fails_shm_under_docker_default_and_passes_with_large_shm(tmp_path):
+    small = _doctor(64, tmp_path)
+    if "Operation not permitted" in small.stderr:
+        pytest.skip("no permission for a private mount namespace here")
+    assert small.returncode == 1
+    line = _shm_line(small.stdout)
+    assert line.startswith("FAIL") and "free 64 MiB" in line
+    assert "fix: give the container more shared memory: shm_size: 8g" in small.stdout
+    large = _doctor(8192, tmp_path)
+    assert _shm_line(large.stdout).startswith("PASS")
