@@ -25,19 +25,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
+import zlib  # before paddle can shadow it: see _zlib_shadowed
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
+
+from datasets.errors import DatasetError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,42 +55,41 @@ MANIFEST_VERSION = 1
 _CHUNK = 1 << 20
 _PARALLEL_OBJECTS = 8
 _AUTH_CODES = {
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "AccessDenied",
-    "403",
-    "InvalidToken",
-    "ExpiredToken",
-    "TokenRefreshRequired",
-    "AllAccessDisabled",
+    "InvalidAccessKeyId": "the server does not know this access key id",
+    "SignatureDoesNotMatch": "the secret access key does not match the access key id",
+    "AccessDenied": "the credentials lack s3:ListBucket / s3:GetObject on this path",
+    "403": "access denied (HTTP 403): wrong credentials or missing permission",
+    "InvalidToken": "the session token is malformed or does not match the key",
+    "ExpiredToken": "the session token has expired",
+    "TokenRefreshRequired": "the session token has expired",
+    "AllAccessDisabled": "all access to this object has been disabled",
 }
 _MISSING_CODES = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
-_TRANSIENT_CODES = {
-    "500",
-    "502",
-    "503",
-    "504",
-    "InternalError",
-    "ServiceUnavailable",
-    "SlowDown",
-    "RequestTimeout",
-    "Throttling",
-    "ThrottlingException",
-}
+_TRANSIENT_CODES = set(
+    "500 502 503 504 InternalError ServiceUnavailable SlowDown RequestTimeout Throttling "
+    "ThrottlingException".split()
+)
 _CRED_HINT = (
     "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for "
     "temporary credentials), or AWS_PROFILE naming a profile in ~/.aws/credentials"
 )
+_FS_ENV = tuple(  # the environment an S3 client is built from: a change means a new client
+    "AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN AWS_PROFILE AWS_ENDPOINT_URL "
+    "AWS_ENDPOINT_URL_S3 AWS_REGION AWS_DEFAULT_REGION AWS_CONFIG_FILE AWS_SHARED_CREDENTIALS_FILE "
+    "AWS_CA_BUNDLE".split()
+)
+_FS_CACHE: dict[tuple, Any] = {}
 _IN_USE: dict[str, int] = {}  # lock-file path -> fd holding LOCK_SH while this process uses it
 
 
-class RemoteStorageError(Exception):
-    """A remote dataset could not be staged. ``str()`` is one readable line plus a hint."""
+class RemoteStorageError(DatasetError):
+    """A remote dataset could not be staged: ``problem. HINT: hint`` on one line.
 
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(f"{message}\nHint: {hint}")
-        self.message = message
-        self.hint = hint
+    A DatasetError, so the scripts and the trainer report it like any unusable dataset.
+    """
+
+    def __init__(self, problem: str, hint: str) -> None:
+        super().__init__(problem, hint)
 
 
 class _RemoteChanged(Exception):
@@ -133,17 +139,22 @@ def _endpoint() -> str | None:
 
 
 def _endpoint_label() -> str:
-    return _endpoint() or "the AWS default endpoint (AWS_ENDPOINT_URL unset)"
+    return _endpoint() or "the endpoint from the AWS config or AWS itself (AWS_ENDPOINT_URL unset)"
 
 
 def _make_fs(timeout_s: float) -> Any:
-    """A fresh S3FileSystem configured from the environment, with retries left to us.
+    """An S3FileSystem configured from the environment, with retries left to us.
 
     Retries are disabled in botocore and s3fs so that one policy (``retries``/``backoff_s``)
     bounds the time to a clear error; listings are never cached so a warm check sees changes.
+    The client is reused per process and environment: building one costs ~0.4 s, about 20
+    times the warm check itself.
     """
     import s3fs
 
+    key = (os.getpid(), timeout_s, *(os.environ.get(v) for v in _FS_ENV))
+    if key in _FS_CACHE:
+        return _FS_CACHE[key]
     client_kwargs = {}
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
@@ -160,6 +171,7 @@ def _make_fs(timeout_s: float) -> Any:
         use_listings_cache=False,
     )
     fs.retries = 1  # s3fs's own retry loop; ours is _retrying()
+    _FS_CACHE[key] = fs
     return fs
 
 
@@ -211,11 +223,7 @@ def _translate(exc: BaseException, url: str) -> RemoteStorageError | _RemoteChan
             "unset AWS_PROFILE or add the profile to ~/.aws/config",
         )
     if code in _AUTH_CODES:
-        problem = "HTTP 403 Forbidden" if code == "403" else code
-        return RemoteStorageError(
-            f"{problem}: the server rejected the credentials for {where}",
-            f"{_CRED_HINT}; AccessDenied means they need s3:ListBucket and s3:GetObject",
-        )
+        return RemoteStorageError(f"{code} for {where}: {_AUTH_CODES[code]}", _CRED_HINT)
     if code in _MISSING_CODES:
         what = "bucket does not exist" if code == "NoSuchBucket" else "no such object or prefix"
         return RemoteStorageError(f"{what}: {where}", "check the dataset path and AWS_ENDPOINT_URL")
@@ -237,7 +245,7 @@ def _retrying(what: str, url: str, fn: Callable[[], T], opt: _Options) -> T:
             return fn()
         except (RemoteStorageError, _RemoteChanged):
             raise
-        except Exception as exc:  # noqa: BLE001 - classified just below
+        except Exception as exc:
             clear = _translate(exc, url)
             if clear is not None:
                 raise clear from exc
@@ -428,7 +436,8 @@ def _download(
         if offset < obj.size or obj.size == 0:
             sse = sync(fs.loop, _stream_get, fs, bucket, obj, offset, part, hasher, meter)
         size, md5 = part.stat().st_size, _md5_etag(obj.etag)
-        if size != obj.size or (md5 and sse != "aws:kms" and hasher.hexdigest() != md5):
+        kms = (sse or "").startswith("aws:kms")
+        if size != obj.size or (md5 and not kms and hasher.hexdigest() != md5):
             part.unlink()  # SSE-KMS ETags are not an MD5: only the size is checked there
             raise _Corrupt(
                 f"{obj.key}: got {size} bytes (md5 {hasher.hexdigest()}), "
@@ -525,7 +534,7 @@ def _evict(cache: Path, keep: str, need: int, max_bytes: int, url: str) -> None:
     if need > max_bytes:
         raise RemoteStorageError(
             f"{url} needs {need} bytes, more than max_cache_bytes={max_bytes}",
-            "raise max_cache_bytes (remote_storage.max_cache_gb) or stage a smaller dataset",
+            "raise data.remote_cache_max_bytes (max_cache_bytes) or stage a smaller dataset",
         )
     entries = [e for e in _cache_entries(cache) if e[1] != keep]
     used = sum(size for _, _, size, _ in entries)
@@ -637,6 +646,10 @@ def _sync_entry(fs: Any, url: str, cache: Path, name: str, opt: _Options) -> tup
         _evict(cache, name, sum(o.size for o in objects), opt.max_cache_bytes, url)
     if todo:
         _download_all(fs, url, cache, name, todo, opt, record)
+    partial = cache / ".partial" / name
+    for folder in [*sorted(partial.rglob("*"), reverse=True), partial]:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # empty folders only: left-over partial files stay resumable
     for rel in set(known) - {o.rel for o in objects}:
         (root / rel).unlink(missing_ok=True)  # staged earlier, deleted remotely since
         del known[rel]
@@ -665,6 +678,9 @@ def stage(
     cache, name, started = Path(cache_dir), _entry_name(url), time.monotonic()
     (cache / ".locks").mkdir(parents=True, exist_ok=True)
     opt = _Options(retries, backoff_s, max_cache_bytes, progress)
+    if _zlib_shadowed():
+        _mark_in_use(cache / ".locks" / f"{name}.inuse")  # before the child: no eviction gap
+        return _stage_in_child(url, cache, opt, timeout_s)
     with _locked(cache / ".locks" / f"{name}.lock", url):
         fs = _make_fs(timeout_s)
         for attempt in range(3):
@@ -676,12 +692,66 @@ def stage(
                     raise RemoteStorageError(
                         f"{url} keeps changing while it is being staged",
                         "stage it again once the upload has finished",
-                    )
+                    ) from None
                 log.warning("%s changed on the server during download; listing again", url)
         _mark_in_use(cache / ".locks" / f"{name}.inuse")
     local = cache / name if kind == "prefix" else cache / name / objects[0].rel
     log.info("%s ready at %s (%.2fs)", url, local, time.monotonic() - started)
     return local
+
+
+def _zlib_shadowed() -> bool:
+    """True when CPython's zlib is bound to the copy of zlib inside libpaddle.so.
+
+    paddlepaddle 2.6's libpaddle.so exports its own zlib symbols; a ``zlib`` extension module
+    loaded after it binds to them, and aiohttp (under s3fs) then raises ``zlib.error:
+    inconsistent stream state`` or dies in ``inflateReset2``. Importing this module before
+    paddle avoids it (it imports zlib first). Otherwise only a real round trip tells, so it is
+    tried in a forked child that may crash harmlessly; staging then runs in a clean process.
+    """
+    return "paddle" in sys.modules and not _zlib_works_in_a_fork()
+
+
+@functools.lru_cache(maxsize=1)
+def _zlib_works_in_a_fork() -> bool:
+    """Round-trip zlib as aiohttp uses it, in a forked copy of this process."""
+    pid = os.fork()
+    if pid == 0:  # child: silence paddle's crash report, exercise zlib like aiohttp, leave
+        ok = False
+        with contextlib.suppress(BaseException):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            for sig in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
+                signal.signal(sig, signal.SIG_DFL)
+            data = b"zlib probe " * 64
+            ok = True
+            for wbits in (15, -15, 31):
+                packer = zlib.compressobj(wbits=wbits)
+                packed = packer.compress(data) + packer.flush()
+                unpacker = zlib.decompressobj(wbits=wbits)
+                ok = ok and unpacker.decompress(packed) + unpacker.flush() == data
+        os._exit(0 if ok else 1)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def _stage_in_child(url: str, cache: Path, opt: _Options, timeout_s: float) -> Path:
+    """Run ``python -m datasets.remote stage`` in a child and return its path (or its error)."""
+    log.info("paddle was imported before zlib here; staging %s in a child process", url)
+    cmd = [sys.executable, "-m", "datasets.remote", "stage", url, "--cache-dir", str(cache)]
+    cmd += ["--retries", str(opt.retries), "--backoff-s", str(opt.backoff_s)]
+    cmd += ["--timeout-s", str(timeout_s), *([] if opt.progress else ["--quiet"])]
+    if opt.max_cache_bytes is not None:
+        cmd += ["--max-cache-bytes", str(opt.max_cache_bytes)]
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, check=False)
+    for line in proc.stderr.splitlines():
+        log.info("[child] %s", line)
+    if proc.returncode != 0:
+        errors = [ln[7:] for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        last = errors[-1] if errors else f"staging child exited with {proc.returncode}"
+        problem, _, hint = last.partition(". HINT: ")
+        raise RemoteStorageError(problem, hint or "see the [child] log lines above")
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def release(url: str, cache_dir: str | os.PathLike[str]) -> None:
@@ -702,7 +772,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = sub.add_parser("stage", help="copy s3://bucket/prefix into the cache, print its path")
     cmd.add_argument("url", help="s3://bucket/prefix (LMDB dir or tree) or s3://bucket/x.h5")
     cmd.add_argument("--cache-dir", required=True, help="node-local directory for the cache")
-    cmd.add_argument("--max-cache-gb", type=float, help="evict LRU datasets above this size")
+    size = cmd.add_mutually_exclusive_group()
+    size.add_argument("--max-cache-gb", type=float, help="evict LRU datasets above this size")
+    size.add_argument("--max-cache-bytes", type=int, help="the same, in bytes")
     cmd.add_argument("--retries", type=int, default=5, help="retries on network errors")
     cmd.add_argument("--backoff-s", type=float, default=0.5, help="first retry delay, doubled")
     cmd.add_argument("--timeout-s", type=float, default=30.0, help="connect/read timeout")
@@ -712,7 +784,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(message)s",
     )
-    max_bytes = None if args.max_cache_gb is None else int(args.max_cache_gb * 2**30)
+    max_bytes = args.max_cache_bytes
+    if args.max_cache_gb is not None:
+        max_bytes = int(args.max_cache_gb * 2**30)
     try:
         path = stage(
             args.url,
