@@ -22,6 +22,7 @@ from datasets import decode, image_transforms
 from datasets.bad_samples import BadSampleLog, read_bad_keys
 from datasets.cache import SharedRecordCache
 from datasets.errors import BadSampleError, DatasetError, TooManyBadSamplesError
+from datasets.in_flight import InFlightTable
 from datasets.ocr_transforms import CharDict, augment_text_line, resize_and_pad
 
 Sample = dict[str, np.ndarray]
@@ -56,6 +57,7 @@ class RecordDataset:
         self.max_substitutions = max_substitutions
         self._indices = self._without_skipped(skip_keys)
         self.bad_log = bad_log or BadSampleLog(len(source), max_bad_fraction=1.0)
+        self.in_flight = InFlightTable()
 
     def _without_skipped(self, skip_keys: list[str]) -> np.ndarray | None:
         """int64 array of kept source indices, or None when every record is kept."""
@@ -89,11 +91,15 @@ class RecordDataset:
         for attempt in range(self.max_substitutions + 1):
             # Substitute with the next record: deterministic, keeps the batch size.
             index = self._source_index((position + attempt) % len(self))
+            self.in_flight.start(index)
             try:
                 data, label = self._read(index)
                 rng = np.random.default_rng((self.seed, epoch, index))
-                return self.transform(data, label, rng)
+                sample = self.transform(data, label, rng)
+                self.in_flight.done()
+                return sample
             except BadSampleError as error:
+                self.in_flight.done()
                 self.bad_log.record(
                     index,
                     self.source.key(index),
@@ -110,9 +116,21 @@ class RecordDataset:
     def start_epoch(self, epoch: int) -> None:
         self.bad_log.start_epoch(epoch)
 
+    def describe_in_flight(self) -> list[str]:
+        """One line per worker that is busy on a sample: dead ones first (they crashed on it)."""
+        lines = []
+        for pid, index, seconds, alive in sorted(self.in_flight.busy(), key=lambda r: r[3]):
+            state = f"running for {seconds:.0f}s on" if alive else "died while reading"
+            lines.append(
+                f"worker pid {pid} {state} sample #{index} (key "
+                f"{self.source.key(index)}, file {self.source.source_of(index)})"
+            )
+        return lines
+
     def close(self) -> None:
         self.source.close()
         self.bad_log.close()
+        self.in_flight.close()
         if self.cache is not None:
             self.cache.close()
 

@@ -7,7 +7,8 @@
         --config configs/ocr/multi_gpu.yaml
 
 Exit codes: 0 done; 2 bad config or command line; 3 data problem (dataset unreadable, too many
-bad samples); 4 checkpoint problem; 5 /dev/shm too small for the config (shm.policy fail);
+bad samples); 4 checkpoint problem; 5 /dev/shm too small for the config (shm.policy fail); 6 a loader worker died or hung
+(the error names the sample it was on);
 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (continue with --resume).
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-EXIT_CONFIG, EXIT_DATA, EXIT_CHECKPOINT, EXIT_SHM = 2, 3, 4, 5
+EXIT_CONFIG, EXIT_DATA, EXIT_CHECKPOINT, EXIT_SHM, EXIT_WORKER = 2, 3, 4, 5, 6
 log = logging.getLogger("train")
 
 
@@ -61,6 +62,17 @@ def one_line(exc: BaseException) -> str:
         if "Error: " in line and not line.startswith("File "):
             return line.split("Error: ", 1)[1]
     return lines[-1] if lines else type(exc).__name__
+
+
+def worker_report(data) -> list[str]:
+    """Which samples the loader workers were on when the loader failed (dead workers first)."""
+    if data is None:
+        return []
+    lines = []
+    for dataset in (data.train, data.val):
+        if dataset is not None:
+            lines += dataset.describe_in_flight()
+    return lines
 
 
 def setup_logging(run_dir: Path | None, is_main: bool) -> None:
@@ -148,6 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         if "TooManyBadSamplesError" in str(exc) or "DatasetError" in str(exc):
             print(f"error: {one_line(exc)}", file=sys.stderr)  # raised inside a worker
             return EXIT_DATA
+        culprits = worker_report(data)
+        if culprits:
+            print(f"error: data loader failed: {one_line(exc)}", file=sys.stderr)
+            for line in culprits:
+                print(f"  {line}", file=sys.stderr)
+            print(
+                "HINT: check that record with scripts/validate_data.py; add its key to "
+                "data.skip_keys_file to skip it; for a kill by signal 9, check the memory "
+                "limit (dmesg, docker stats)",
+                file=sys.stderr,
+            )
+            return EXIT_WORKER
         raise
     finally:
         if data is not None:

@@ -40,6 +40,16 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
 def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> Path:
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -48,6 +58,7 @@ def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     backend.save_state(tmp)
+    _fsync_tree(tmp)  # on disk before the rename makes it the latest
     meta = {
         "position": asdict(position),
         "framework": config.framework,

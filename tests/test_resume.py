@@ -1,0 +1,144 @@
+"""Crash safety: kill -9 the trainer at a random step, --resume, and the final weights equal an
+uninterrupted run's bit for bit (CPU, deterministic). Also SIGTERM: checkpoint, exit 143, no
+worker process left behind, and --resume finishes the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from tests.test_train import ROOT, train_cmd
+
+STEPS = 16
+SETTINGS = [
+    f"train.max_steps={STEPS}",
+    "train.log_every=1",
+    "train.eval_every=8",
+    "train.checkpoint_every=2",
+    "train.keep_last=2",
+    "optim.warmup_steps=2",
+]
+
+
+def final_weights(run_dir: Path, framework: str) -> dict[str, np.ndarray]:
+    final = run_dir / "checkpoints" / f"step-{STEPS:08d}"
+    if framework == "torch":
+        import torch
+
+        state = torch.load(final / "model.pt", weights_only=True)
+        return {k: v.numpy() for k, v in state.items()}
+    with np.load(final / "model.npz", allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def wait_for_step(run_dir: Path, process: subprocess.Popen, step: int, timeout: float = 300):
+    deadline = time.time() + timeout
+    metrics = run_dir / "metrics.jsonl"
+    while time.time() < deadline:
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        if metrics.exists():
+            steps = [json.loads(x).get("step", 0) for x in metrics.read_text().splitlines() if x]
+            if steps and max(steps) >= step:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"step {step} not reached")
+
+
+def start(task, framework, out, fixtures, *extra):
+    ocr_lmdb, image_h5 = fixtures
+    cmd = train_cmd(task, framework, out, [*SETTINGS, *extra], ocr_lmdb=ocr_lmdb, image_h5=image_h5)
+    return cmd, subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+PAIRS = [
+    pytest.param("ocr", "paddle", marks=pytest.mark.paddle),
+    pytest.param("resnet50", "torch", marks=pytest.mark.torch),
+]
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_kill_9_then_resume_equals_uninterrupted_run(task, framework, tmp_path, ocr_lmdb, image_h5):
+    fixtures = (ocr_lmdb, image_h5)
+    _, straight = start(task, framework, tmp_path / "straight", fixtures)
+    assert straight.wait(timeout=600) == 0, straight.stderr.read()[-3000:]
+
+    kill_at = random.Random().randint(3, STEPS - 3)
+    cmd, victim = start(task, framework, tmp_path / "killed", fixtures)
+    wait_for_step(tmp_path / "killed", victim, kill_at)
+    children = psutil.Process(victim.pid).children(recursive=True)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    for child in children:  # orphaned loader workers notice their parent is gone and exit
+        try:
+            child.wait(timeout=30)
+        except psutil.NoSuchProcess:
+            pass
+    resumed = subprocess.run(
+        [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    a = final_weights(tmp_path / "straight", framework)
+    b = final_weights(tmp_path / "killed", framework)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not np.array_equal(a[k], b[k])]
+    assert different == [], f"killed at step {kill_at}: {different[:5]}"
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_sigterm_checkpoints_stops_workers_and_resumes(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    cmd, process = start(
+        task, framework, tmp_path / "run", (ocr_lmdb, image_h5), "loader.persistent_workers=true"
+    )
+    wait_for_step(tmp_path / "run", process, 5)
+    workers = psutil.Process(process.pid).children(recursive=True)
+    assert workers, "expected loader worker processes"
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=120)
+    stderr = process.stderr.read()
+    assert code == 143, stderr[-3000:]
+    assert "SIGTERM received" in stderr and "--resume" in stderr
+    time.sleep(1.0)
+    alive = [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"workers outlived the trainer: {alive}"
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    assert int(latest.split("-")[1]) >= 5
+    resumed = subprocess.run(
+        [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == STEPS
+    assert os.path.isdir(tmp_path / "run" / "checkpoints" / f"step-{STEPS:08d}")
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, ocr_lmdb, image_h5):
+    framework = "torch" if "torch" in sys.modules or _has("torch") else "paddle"
+    cmd = train_cmd(
+        "ocr", framework, tmp_path / "empty", SETTINGS, ocr_lmdb=ocr_lmdb, image_h5=image_h5
+    )
+    result = subprocess.run(
+        [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 4 and "no checkpoint in" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
