@@ -4,6 +4,7 @@ worker process left behind, and --resume finishes the run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -81,10 +82,8 @@ def test_kill_9_then_resume_equals_uninterrupted_run(task, framework, tmp_path, 
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=60)
     for child in children:  # orphaned loader workers notice their parent is gone and exit
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.wait(timeout=30)
-        except psutil.NoSuchProcess:
-            pass
     resumed = subprocess.run(
         [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )

@@ -7,9 +7,9 @@
         --config configs/ocr/multi_gpu.yaml
 
 Exit codes: 0 done; 2 bad config or command line; 3 data problem (dataset unreadable, too many
-bad samples); 4 checkpoint problem; 5 /dev/shm too small for the config (shm.policy fail); 6 a loader worker died or hung
-(the error names the sample it was on);
-143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (continue with --resume).
+bad samples); 4 checkpoint problem; 5 /dev/shm too small for the config (shm.policy fail);
+6 a loader worker died or hung (the error names the sample it was on); 143 / 130 stopped by
+SIGTERM / SIGINT after saving a checkpoint (continue with --resume).
 """
 
 from __future__ import annotations

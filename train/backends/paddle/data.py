@@ -4,17 +4,138 @@ Batches stay uint8 numpy through worker IPC; with ``use_shared_memory`` Paddle m
 through /dev/shm (4x fewer bytes than float32), and the training step normalizes on the device.
 Paddle's loader always uses the process-wide multiprocessing start method, so a spawn context is
 selected with ``multiprocessing.set_start_method`` before the loader is built.
+
+zlib trap (docs/paddle_png_zlib.md): libpaddle.so carries its own zlib 1.2.8 and exports its
+symbols. If libpaddle.so is the first library to load the system libz.so.1, libz's internal calls
+bind to those older copies, and every later PNG decode (OpenCV, PIL) or zlib call in the process
+may crash or fail. So this module loads the system zlib *before* it imports paddle, and every
+loader (and every worker) checks the load order before it decodes anything.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
 
-import cv2
-import numpy as np
-import paddle
 
-from datasets.sampler import EpochBatchSampler
+def _load_system_zlib() -> None:
+    """Load libz.so.1 in its own link-map group, so its symbols bind to itself, not to paddle."""
+    # No shared system zlib (macOS, static builds): then there is nothing to clash with.
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libz.so.1")
+
+
+_load_system_zlib()  # must run before `import paddle` below
+
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+
+from datasets.sampler import EpochBatchSampler, EpochSampler  # noqa: E402
+
+ZLIB_DOC = "docs/paddle_png_zlib.md"
+
+
+class ZlibLoadOrderError(RuntimeError):
+    """libpaddle.so loaded the system zlib: PNG decoding in this process would crash."""
+
+
+class _DlPhdrInfo(ctypes.Structure):
+    # The leading fields of glibc's struct dl_phdr_info; the callback reads only the name.
+    _fields_ = [
+        ("dlpi_addr", ctypes.c_void_p),
+        ("dlpi_name", ctypes.c_char_p),
+        ("dlpi_phdr", ctypes.c_void_p),
+        ("dlpi_phnum", ctypes.c_uint16),
+    ]
+
+
+_PHDR_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(_DlPhdrInfo), ctypes.c_size_t, ctypes.c_void_p
+)
+
+
+def loaded_libraries() -> list[str]:
+    """Paths of this process's shared objects in load order (glibc's link map); empty where
+    dl_iterate_phdr is not available."""
+    paths: list[str] = []
+
+    def collect(info, _size, _data) -> int:
+        paths.append((info.contents.dlpi_name or b"").decode(errors="replace"))
+        return 0
+
+    try:
+        iterate = ctypes.CDLL(None).dl_iterate_phdr
+    except (AttributeError, OSError):
+        return paths
+    iterate(_PHDR_CALLBACK(collect), None)
+    return paths
+
+
+def _first(paths: list[str], match) -> int | None:
+    return next((i for i, path in enumerate(paths) if match(os.path.basename(path))), None)
+
+
+def _is_system_zlib(name: str) -> bool:
+    return name.startswith("libz.so")  # not the renamed private copies wheels bundle
+
+
+def zlib_load_order_problem() -> str | None:
+    """Why PNG decoding is unsafe in this process, or None when it is safe.
+
+    The system libz.so.1 is unsafe exactly when it entered the link map after libpaddle.so: it was
+    then loaded as libpaddle.so's dependency, and the dynamic linker resolved libz's own calls
+    (inflateReset2, deflate, ...) in libpaddle.so's scope, which finds paddle's zlib 1.2.8 first.
+    """
+    paths = loaded_libraries()
+    paddle_at = _first(paths, lambda name: name == "libpaddle.so")
+    zlib_at = _first(paths, _is_system_zlib)
+    if paddle_at is None or zlib_at is None or zlib_at < paddle_at:
+        return None
+    return (
+        f"pid {os.getpid()}: libpaddle.so was loaded before the system zlib ({paths[zlib_at]}), "
+        "so zlib calls from OpenCV/PIL (every PNG decode) and Python's zlib module run into "
+        "paddle's bundled zlib 1.2.8 and crash or fail. Import cv2, numpy or "
+        "train.backends.paddle.data before paddle in the main script, or start Python with "
+        "LD_PRELOAD=libz.so.1. See " + ZLIB_DOC
+    )
+
+
+def check_zlib_load_order() -> None:
+    problem = zlib_load_order_problem()
+    if problem:
+        raise ZlibLoadOrderError(problem)
+
+
+@contextlib.contextmanager
+def _zlib_preloaded_in_new_processes() -> Iterator[None]:
+    """While Paddle starts spawn/forkserver workers, put the system zlib in LD_PRELOAD.
+
+    Such a worker is a fresh interpreter that imports paddle (to unpickle its worker loop)
+    before any of our code, so the guard at the top of this module comes too late there.
+    Preloaded, libz is in the global scope before libpaddle.so exists. Restored afterwards, so
+    no other child process of the trainer sees it.
+    """
+    paths = loaded_libraries()
+    at = _first(paths, _is_system_zlib)
+    previous = os.environ.get("LD_PRELOAD")
+    if at is None or (previous and paths[at] in previous.split()):
+        yield
+        return
+    os.environ["LD_PRELOAD"] = f"{paths[at]} {previous}" if previous else paths[at]
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["LD_PRELOAD"]
+        else:
+            os.environ["LD_PRELOAD"] = previous
 
 
 class PaddleDataset(paddle.io.Dataset):
@@ -36,7 +157,97 @@ def collate_uint8(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
 
 
 def _worker_init(worker_id: int) -> None:
-    cv2.setNumThreads(1)
+    # A spawned worker imports paddle (to unpickle its loop) before this module: check again
+    # (a forkserver started before the first loader did not get the LD_PRELOAD fix).
+    check_zlib_load_order()
+    cv2.setNumThreads(1)  # one process per core already; OpenCV's pool would oversubscribe
+
+
+def _start_method() -> str:
+    """The start method Paddle's workers will use, without fixing the default as a side effect."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    return method or multiprocessing.get_all_start_methods()[0]  # the first is the default
+
+
+class PaddleLoader:
+    """A paddle.io.DataLoader plus what Paddle lacks: a real per-batch timeout.
+
+    Paddle's own ``timeout`` is only the interval at which its reader thread polls for dead
+    workers; a worker that hangs (say, on a dead network mount) stalls training forever. Here a
+    pump thread pulls batches and the consumer waits at most ``timeout_s`` for each.
+    """
+
+    def __init__(self, loader: paddle.io.DataLoader, timeout_s: float) -> None:
+        self.loader = loader
+        self.timeout_s = timeout_s
+
+    @property
+    def batch_sampler(self) -> EpochBatchSampler:
+        return self.loader.batch_sampler
+
+    @property
+    def sampler(self) -> EpochSampler:
+        return self.loader.batch_sampler.sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        check_zlib_load_order()  # fork workers inherit this process's bindings
+        # In this thread: Paddle starts its workers here (once, with persistent workers).
+        if self.loader.num_workers and _start_method() != "fork":
+            with _zlib_preloaded_in_new_processes():
+                batches = iter(self.loader)
+        else:
+            batches = iter(self.loader)
+        if self.loader.num_workers == 0 or self.timeout_s <= 0:
+            return batches
+        return _with_deadline(batches, self.timeout_s)
+
+
+_END = object()
+
+
+def _with_deadline(batches: Iterator, timeout_s: float) -> Iterator:
+    """Yield from ``batches`` (run in a pump thread); raise TimeoutError after ``timeout_s``
+    without a batch. The pump stops when the consumer stops, so no thread outlives the epoch."""
+    handoff: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def pump() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        handoff.put((batch, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            handoff.put((_END, None))
+        except BaseException as error:  # re-raised in the consumer thread
+            handoff.put((_END, error))
+
+    thread = threading.Thread(target=pump, name="paddle-loader-pump", daemon=True)
+    thread.start()
+    try:
+        while True:
+            try:
+                batch, error = handoff.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError(
+                    f"no batch from the DataLoader workers in {timeout_s:g} s "
+                    "(loader.timeout_s): a worker is stuck, e.g. on slow or dead storage. "
+                    "Raise loader.timeout_s, or set it to 0 to wait forever"
+                ) from None
+            if error is not None:
+                raise error
+            if batch is _END:
+                return
+            yield batch
+    finally:
+        stop.set()
 
 
 def make_loader(
@@ -49,19 +260,56 @@ def make_loader(
     use_shared_memory: bool = True,
     multiprocessing_context: str | None = None,
     timeout_s: float = 0.0,
-) -> paddle.io.DataLoader:
+    places=None,
+) -> PaddleLoader:
+    """Every knob of train.config.LoaderConfig that Paddle has; ``places`` is the training
+    device: on a GPU, Paddle's buffered reader copies each batch there from pinned memory on its
+    own stream, ahead of use."""
+    check_zlib_load_order()
     workers = num_workers > 0
-    if workers and multiprocessing_context:
+    if workers and multiprocessing_context and _start_method() != multiprocessing_context:
         multiprocessing.set_start_method(multiprocessing_context, force=True)
-    return paddle.io.DataLoader(
+    loader = paddle.io.DataLoader(
         PaddleDataset(dataset),
+        places=places,
         batch_sampler=batch_sampler,
         num_workers=num_workers,
         collate_fn=collate_uint8,
+        use_buffer_reader=True,
         use_shared_memory=use_shared_memory,
         prefetch_factor=prefetch_factor or 2,
-        timeout=int(timeout_s) if workers else 0,
+        # Not loader.timeout_s: in Paddle this is the dead-worker poll interval (0 = 5 s).
+        timeout=0,
         worker_init_fn=_worker_init if workers else None,
         persistent_workers=persistent_workers and workers,
         return_list=True,
+    )
+    return PaddleLoader(loader, timeout_s)
+
+
+def make_loader_from_config(
+    dataset,
+    sampler: EpochSampler,
+    loader_config,
+    *,
+    num_workers: int,
+    train: bool,
+    places=None,
+) -> PaddleLoader:
+    """make_loader with a train.config.LoaderConfig. Evaluation uses eval_batch_size (when set)
+    and never drops the last partial batch: every validation sample counts."""
+    batch_size = loader_config.batch_size
+    if not train and loader_config.eval_batch_size is not None:
+        batch_size = loader_config.eval_batch_size
+    batch_sampler = EpochBatchSampler(sampler, batch_size, loader_config.drop_last and train)
+    return make_loader(
+        dataset,
+        batch_sampler,
+        num_workers=num_workers,
+        prefetch_factor=loader_config.prefetch_factor,
+        persistent_workers=loader_config.persistent_workers,
+        use_shared_memory=loader_config.use_shared_memory,
+        multiprocessing_context=loader_config.multiprocessing_context,
+        timeout_s=loader_config.timeout_s,
+        places=places,
     )

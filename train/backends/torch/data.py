@@ -1,8 +1,9 @@
 """torch.utils.data.DataLoader over the framework-free datasets.
 
 Batches stay uint8 through worker IPC (4x fewer bytes in /dev/shm than float32) and are
-normalized on the device by the training step. Each worker runs single-threaded: the loader
-already gives one process per core, and OpenCV/torch thread pools inside workers only fight.
+normalized on the device by the backend (TorchBackend.device_batches). Each worker runs
+single-threaded: the loader already gives one process per core, and OpenCV/torch thread pools
+inside workers only fight.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def make_loader(
     drop_last: bool = True,
     seed: int = 0,
 ) -> DataLoader:
+    """A DataLoader with uint8 collation; worker-only knobs are dropped when num_workers is 0
+    (DataLoader rejects them there)."""
     workers = num_workers > 0
     return DataLoader(
         dataset,
@@ -51,7 +54,44 @@ def make_loader(
         timeout=timeout_s if workers else 0,
         worker_init_fn=_worker_init if workers else None,
         multiprocessing_context=multiprocessing_context if workers else None,
+        # Worker seeding: the loader draws each epoch's base seed from this generator, and every
+        # worker seeds torch, random and numpy with base seed + worker id. So a run's worker seeds
+        # follow config.seed. Augmentation does not depend on them anyway: the dataset seeds each
+        # sample from (seed, epoch, index), which makes batches independent of the worker count.
         generator=torch.Generator().manual_seed(seed),
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=persistent_workers and workers,
+    )
+
+
+def make_loader_from_config(
+    dataset,
+    sampler: EpochSampler,
+    loader_config,
+    *,
+    num_workers: int,
+    train: bool,
+    pin_memory: bool,
+    seed: int,
+) -> DataLoader:
+    """make_loader with every knob of a train.config.LoaderConfig.
+
+    Evaluation uses eval_batch_size (when set) and never drops the last partial batch: every
+    validation sample counts. pin_memory is the caller's decision (only useful with a GPU).
+    """
+    batch_size = loader_config.batch_size
+    if not train and loader_config.eval_batch_size is not None:
+        batch_size = loader_config.eval_batch_size
+    return make_loader(
+        dataset,
+        sampler,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        prefetch_factor=loader_config.prefetch_factor,
+        persistent_workers=loader_config.persistent_workers,
+        pin_memory=pin_memory,
+        multiprocessing_context=loader_config.multiprocessing_context,
+        timeout_s=loader_config.timeout_s,
+        drop_last=loader_config.drop_last and train,
+        seed=seed,
     )
