@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from datasets import decode, image_transforms
+from datasets import decode, faults, image_transforms
 from datasets.bad_samples import BadSampleLog, read_bad_keys
 from datasets.cache import SharedRecordCache
 from datasets.errors import BadSampleError, DatasetError, TooManyBadSamplesError
@@ -92,6 +92,7 @@ class RecordDataset:
             # Substitute with the next record: deterministic, keeps the batch size.
             index = self._source_index((position + attempt) % len(self))
             self.in_flight.start(index)
+            faults.maybe_inject(index)
             try:
                 data, label = self._read(index)
                 rng = np.random.default_rng((self.seed, epoch, index))

@@ -18,6 +18,7 @@ FAST = [
     "train.checkpoint_every=6",
     "loader.num_workers=2",
     "loader.batch_size=8",
+    "optim.warmup_steps=2",
 ]
 
 

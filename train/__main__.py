@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         if "TooManyBadSamplesError" in str(exc) or "DatasetError" in str(exc):
             print(f"error: {one_line(exc)}", file=sys.stderr)  # raised inside a worker
             return EXIT_DATA
+        # The loader's SIGCHLD handler (torch) raises again for every further worker exit while
+        # we report; we are failing anyway, so restore the default before printing.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         culprits = worker_report(data)
         if culprits:
             print(f"error: data loader failed: {one_line(exc)}", file=sys.stderr)

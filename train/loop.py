@@ -126,6 +126,8 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
             if saved_at != position.step:
                 save()
             raise StopRequested(f"stopped by {stop.signal_name} at step {position.step}")
+        if sampler.per_rank - position.epoch_samples < loader_cfg.batch_size:
+            _end_epoch(data, telemetry, position)  # the last step was also the epoch's last batch
 
     if evaluated_at != position.step:
         run_eval()

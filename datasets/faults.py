@@ -1,0 +1,44 @@
+"""Fault injection for reliability tests and for reproducing a crash on purpose.
+
+    DATA_INJECT_FAULT=segv@123 python -m train --config ...
+
+makes whichever process reads source index 123 die the way a broken decoder or the kernel would
+kill it: ``segv`` (SIGSEGV), ``kill`` (SIGKILL, as the OOM killer does), ``exit`` (os._exit(1)),
+or ``hang`` (sleep forever). Unset, it costs one dictionary lookup per process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+ENV = "DATA_INJECT_FAULT"
+_parsed: dict[int, tuple[str, int] | None] = {}
+
+
+def _fault() -> tuple[str, int] | None:
+    pid = os.getpid()
+    if pid not in _parsed:
+        spec = os.environ.get(ENV, "")
+        kind, _, index = spec.partition("@")
+        _parsed[pid] = (kind, int(index)) if spec and index.isdigit() else None
+    return _parsed[pid]
+
+
+def maybe_inject(index: int) -> None:
+    fault = _fault()
+    if fault is None or fault[1] != index:
+        return
+    kind = fault[0]
+    if kind == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "exit":
+        os._exit(1)
+    elif kind == "hang":
+        while True:
+            time.sleep(60)
+    else:
+        raise ValueError(f"{ENV}={kind}@{index}: kind must be segv, kill, exit or hang")

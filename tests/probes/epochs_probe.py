@@ -1,0 +1,58 @@
+"""100 short epochs with non-persistent workers over an LMDB: report the trainer's open file
+descriptors and child processes before and after (resource hygiene).
+
+  python tests/probes/epochs_probe.py FRAMEWORK OCR_LMDB CHARSET EPOCHS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from datasets.dataset import build_ocr_dataset  # noqa: E402
+from datasets.ocr_transforms import CharDict  # noqa: E402
+from datasets.sampler import EpochBatchSampler, EpochSampler  # noqa: E402
+
+
+def main() -> None:
+    framework, lmdb_path, charset, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    dataset = build_ocr_dataset(lmdb_path, CharDict.from_file(charset), train=True)
+    sampler = EpochSampler(len(dataset), seed=0)
+    if framework == "torch":
+        from train.backends.torch.data import make_loader
+
+        loader = make_loader(dataset, sampler, batch_size=8, num_workers=2)
+    else:
+        from train.backends.paddle.data import make_loader
+
+        loader = make_loader(dataset, EpochBatchSampler(sampler, 8, True), num_workers=2)
+    me = psutil.Process()
+    counts = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for _ in loader:
+            pass
+        if epoch in (1, epochs - 1):
+            counts.append(
+                {
+                    "fds": len(os.listdir("/proc/self/fd")),
+                    "children": len(
+                        [
+                            c
+                            for c in me.children()
+                            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+                        ]
+                    ),
+                }
+            )
+    print(json.dumps({"after_epoch_1": counts[0], "after_last": counts[1], "epochs": epochs}))
+
+
+if __name__ == "__main__":
+    main()
