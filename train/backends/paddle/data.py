@@ -214,28 +214,33 @@ def _with_deadline(batches: Iterator, timeout_s: float) -> Iterator:
     handoff: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
 
+    def offer(item: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def pump() -> None:
         try:
             for batch in batches:
-                while not stop.is_set():
-                    try:
-                        handoff.put((batch, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer((batch, None)):
                     return
-            handoff.put((_END, None))
+            offer((_END, None))
         except BaseException as error:  # re-raised in the consumer thread
-            handoff.put((_END, error))
+            offer((_END, error))
 
     thread = threading.Thread(target=pump, name="paddle-loader-pump", daemon=True)
     thread.start()
+    stuck = False
     try:
         while True:
             try:
                 batch, error = handoff.get(timeout=timeout_s)
             except queue.Empty:
+                stuck = True
                 raise TimeoutError(
                     f"no batch from the DataLoader workers in {timeout_s:g} s "
                     "(loader.timeout_s): a worker is stuck, e.g. on slow or dead storage. "
@@ -248,6 +253,11 @@ def _with_deadline(batches: Iterator, timeout_s: float) -> Iterator:
             yield batch
     finally:
         stop.set()
+        if not stuck:
+            # Wait (for at most one batch) until the pump lets go of Paddle's iterator, so that
+            # Paddle stops its workers now and not during interpreter exit, where it would log
+            # "DataLoader workers exit unexpectedly" after a clean run.
+            thread.join(timeout=min(timeout_s, 30.0))
 
 
 def make_loader(
