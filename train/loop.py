@@ -10,6 +10,7 @@ import math
 import signal
 from pathlib import Path
 
+from datasets.errors import DatasetError
 from datasets.sampler import EpochSampler
 from train import checkpoint
 from train.data import RunData
@@ -53,9 +54,10 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
 
     steps_per_epoch = len(sampler) // loader_cfg.batch_size
     if steps_per_epoch < 1:
-        raise ValueError(
+        raise DatasetError(
             f"loader.batch_size {loader_cfg.batch_size} is larger than this rank's "
-            f"{len(sampler)} samples. HINT: lower loader.batch_size"
+            f"{len(sampler)} samples of {config.data.train}",
+            "lower loader.batch_size (or use fewer ranks)",
         )
     total_steps = min(train_cfg.max_steps or math.inf, train_cfg.epochs * steps_per_epoch)
     backend.build(data.num_classes, int(total_steps))

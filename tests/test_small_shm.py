@@ -1,0 +1,71 @@
+"""Docker's default 64 MB /dev/shm, reproduced with a private mount namespace: a ResNet-50 smoke
+run whose batches overflow it either adapts (shm.policy adapt) and finishes, or stops at once
+with a message naming /dev/shm and the fix (policy fail). Never a bus error or a hang."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from tests.test_train import ROOT, train_cmd
+
+FRAMEWORKS = [
+    pytest.param("paddle", marks=pytest.mark.paddle),
+    pytest.param("torch", marks=pytest.mark.torch),
+]
+# 24 x 224 x 224 x 3 uint8 = 3.6 MB per batch; x (2 workers x prefetch 6 + 2) x 1.5 = 76 MB > 64.
+OVERFLOW = [
+    "data.image_size=224",
+    "data.eval_resize=256",
+    "loader.batch_size=24",
+    "loader.prefetch_factor=6",
+    "train.max_steps=4",
+    "train.eval_every=4",
+    "train.checkpoint_every=4",
+    "train.log_every=1",
+]
+
+
+def run_in_64mb_shm(cmd: list[str]) -> subprocess.CompletedProcess:
+    inner = "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec " + shlex.join(cmd)
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", inner],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _needs_unshare():
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux)")
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_policy_fail_stops_with_the_fix(framework, tmp_path, ocr_lmdb, image_h5):
+    cmd = train_cmd("resnet50", framework, tmp_path / "run", OVERFLOW, image_h5=image_h5)
+    result = run_in_64mb_shm(cmd)
+    assert result.returncode == 5, result.stderr[-3000:]
+    line = next(x for x in result.stderr.splitlines() if x.startswith("error:"))
+    assert "/dev/shm too small" in line and "only 64 MiB is free" in line
+    assert "shm_size: 8g" in line and "shm.policy: adapt" in line
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_policy_adapt_finishes_with_a_loud_warning(framework, tmp_path, ocr_lmdb, image_h5):
+    cmd = train_cmd(
+        "resnet50", framework, tmp_path / "run", [*OVERFLOW, "shm.policy=adapt"], image_h5=image_h5
+    )
+    result = run_in_64mb_shm(cmd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "shm.policy=adapt: continuing with prefetch_factor=1" in result.stderr
+    assert "EXPECT SLOWER INPUT" in result.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
