@@ -10,7 +10,7 @@ OCR_DATA := data/synth_ocr
 IMAGENET_DATA := data/synth_imagenet
 
 .PHONY: setup train-ocr train-resnet50 data test test-torch test-paddle lint format clean-venvs \
-	doctor bench bench-quick
+	doctor bench bench-quick containers-ci
 
 setup: .venv-paddle/.installed .venv-torch/.installed
 
@@ -78,6 +78,11 @@ test-torch: .venv-torch/.installed
 
 test-paddle: .venv-paddle/.installed
 	TEST_FRAMEWORK=paddle $(PADDLE) -m pytest -m "not torch" $(PYTEST_ARGS)
+
+# Build both images on CPU stand-in bases with podman, run their smoke tests and train-ocr
+# through compose.yaml (what CI does; needs root, installs podman itself).
+containers-ci:
+	bash scripts/ci_containers.sh
 
 clean-venvs:
 	rm -rf .venv-paddle .venv-torch
