@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
@@ -69,11 +70,15 @@ def worker_report(data) -> list[str]:
     """Which samples the loader workers were on when the loader failed (dead workers first)."""
     if data is None:
         return []
-    lines = []
-    for dataset in (data.train, data.val):
-        if dataset is not None:
-            lines += dataset.describe_in_flight()
-    return lines
+    datasets = [d for d in (data.train, data.val) if d is not None]
+    # A worker killed by a signal can still be tearing down (freeing its memory) when the
+    # loader notices the broken pipe: give it a moment to be dead before we call it alive.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        if not any(alive for d in datasets for *_, alive in d.in_flight.busy()):
+            break
+        time.sleep(0.2)
+    return [line for d in datasets for line in d.describe_in_flight()]
 
 
 def setup_logging(run_dir: Path | None, is_main: bool) -> None:
