@@ -103,6 +103,12 @@ class BadSampleLog:
             "data.max_bad_fraction"
         )
 
+    def exceeded(self) -> str | None:
+        """The abort message when this epoch passed the limit (for the main process, which may
+        only see a framework's generic "worker raised" error), else None."""
+        epoch_bad = int(self._header()[_EPOCH_COUNTS : _EPOCH_COUNTS + _K].sum())
+        return self._abort_message(epoch_bad) if epoch_bad > self.limit else None
+
     def epoch_counts(self) -> dict[str, int]:
         counts = self._header()[_EPOCH_COUNTS : _EPOCH_COUNTS + _K]
         return {k: int(c) for k, c in zip(BAD_SAMPLE_KINDS, counts) if c}

@@ -12,6 +12,7 @@ prefetched across an epoch boundary still gets the right seed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +23,7 @@ from datasets import decode, faults, image_transforms
 from datasets.bad_samples import BadSampleLog, read_bad_keys
 from datasets.cache import SharedRecordCache
 from datasets.errors import BadSampleError, DatasetError, TooManyBadSamplesError
+from datasets.handles import die_with_parent
 from datasets.in_flight import InFlightTable
 from datasets.ocr_transforms import CharDict, augment_text_line, resize_and_pad
 
@@ -58,6 +60,7 @@ class RecordDataset:
         self._indices = self._without_skipped(skip_keys)
         self.bad_log = bad_log or BadSampleLog(len(source), max_bad_fraction=1.0)
         self.in_flight = InFlightTable()
+        self._owner_pid = os.getpid()
 
     def _without_skipped(self, skip_keys: list[str]) -> np.ndarray | None:
         """int64 array of kept source indices, or None when every record is kept."""
@@ -86,6 +89,7 @@ class RecordDataset:
         return record
 
     def __getitem__(self, item: int | tuple[int, int]) -> Sample:
+        die_with_parent(self._owner_pid)
         epoch, position = item if isinstance(item, tuple) else (self.bad_log.epoch, item)
         position = int(position)
         for attempt in range(self.max_substitutions + 1):

@@ -66,3 +66,28 @@ class ProcessLocalHandle(Generic[H]):
         state["_handle"] = None
         state["_pid"] = None
         return state
+
+
+_bound_pid: int | None = None
+
+
+def die_with_parent(owner_pid: int) -> None:
+    """In a loader worker (a process other than ``owner_pid``, the one that built the dataset),
+    ask the kernel to SIGKILL us when our parent dies. Without it, a worker blocked on a full
+    queue outlives a trainer killed with -9 and holds its memory and files forever (seen with
+    Paddle's loader). Once per process; a no-op in the owner and off Linux."""
+    global _bound_pid
+    pid = os.getpid()
+    if _bound_pid == pid or pid == owner_pid:
+        return
+    _bound_pid = pid
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != owner_pid:  # the parent died before prctl took effect
+        os._exit(1)

@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CHECKPOINT
     except Exception as exc:
+        too_many = data.train.bad_log.exceeded() if data is not None else None
+        if too_many:  # raised in a worker; Paddle's own error does not carry the message
+            print(f"error: {too_many}", file=sys.stderr)
+            return EXIT_DATA
         if "TooManyBadSamplesError" in str(exc) or "DatasetError" in str(exc):
             print(f"error: {one_line(exc)}", file=sys.stderr)  # raised inside a worker
             return EXIT_DATA
