@@ -1,0 +1,431 @@
+"""PyTorch implementation of the training-loop contract in train/backends/base.py.
+
+The loop (train/loop.py) drives it; nothing here knows about epochs or logging cadence. Run a
+config with it:  .venv-torch/bin/python -m train --config configs/resnet50/smoke.yaml
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import pickle
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
+
+from train.backends.base import IMAGENET_MEAN, IMAGENET_STD, Backend, DistInfo
+from train.backends.torch.data import make_loader_from_config
+from train.backends.torch.models import build_model
+from train.config import usable_cores
+
+log = logging.getLogger(__name__)
+
+# One file per part, so a reader can tell which part of a checkpoint is broken or missing.
+STATE_FILES = ("model", "optimizer", "scheduler", "scaler", "rng")
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A checkpoint file holds pickled objects other than tensors and plain containers."""
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.device = torch.device("cpu")  # until init_distributed picks one
+        self.dist = DistInfo()
+        self.model: nn.Module | None = None  # what train_step calls (DDP-wrapped when > 1 rank)
+        self.net: nn.Module | None = None  # the bare model: predict, checkpoints, counting
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: LambdaLR | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        self.amp_dtype: torch.dtype | None = None
+        self._training_mode: bool | None = None
+        self._stats: tuple[torch.Tensor, torch.Tensor] | None = None  # ImageNet mean, std
+        # zero_infinity: a label too long for the T time steps gives an infinite loss; count it
+        # as zero instead of poisoning the batch with NaN gradients.
+        self._ctc = nn.CTCLoss(blank=0, zero_infinity=True)
+
+    # --- process ---------------------------------------------------------------------------
+    def init_distributed(self) -> DistInfo:
+        env = os.environ
+        world_size = int(env.get("WORLD_SIZE", "1"))
+        self.dist = DistInfo(
+            rank=int(env.get("RANK", "0")),
+            world_size=world_size,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world_size))),
+        )
+        self.device = self._pick_device()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if world_size > 1 and not dist.is_initialized():
+            cuda = self.device.type == "cuda"
+            dist.init_process_group(
+                backend="nccl" if cuda else "gloo",
+                rank=self.dist.rank,
+                world_size=world_size,
+                # Binds NCCL to this rank's GPU up front, so collectives never guess the device.
+                device_id=self.device if cuda else None,
+            )
+        return self.dist
+
+    def _pick_device(self) -> torch.device:
+        wanted = self.config.train.device
+        if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "train.device is gpu but PyTorch sees no CUDA device; check `nvidia-smi` and "
+                "the container's GPU runtime, or set train.device: cpu"
+            )
+        if self.dist.local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"LOCAL_RANK {self.dist.local_rank} but only {torch.cuda.device_count()} GPUs "
+                "are visible; start at most one process per GPU (torchrun --nproc-per-node)"
+            )
+        return torch.device("cuda", self.dist.local_rank)
+
+    @property
+    def device_name(self) -> str:
+        if self.device.type != "cuda":
+            return "cpu"
+        return f"cuda:{self.device.index} ({torch.cuda.get_device_name(self.device)})"
+
+    def seed_everything(self, seed: int, deterministic: bool) -> None:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)  # CPU and every CUDA device
+        if deterministic:
+            # cuBLAS needs a fixed workspace for reproducible GEMMs; read at its first use.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # CTC loss, NLL loss and adaptive average pooling have no deterministic CUDA backward,
+        # so on a GPU those only warn instead of stopping the run. On a CPU every op used here
+        # is deterministic, and a new one that is not should fail loudly.
+        torch.use_deterministic_algorithms(deterministic, warn_only=self.device.type == "cuda")
+        torch.backends.cudnn.deterministic = deterministic
+        # Input shapes are fixed, so cuDNN's one-off autotuning pays for itself, but it may pick
+        # a different (equally correct) kernel in each run.
+        torch.backends.cudnn.benchmark = not deterministic
+
+    # --- data ------------------------------------------------------------------------------
+    def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
+        if train and self.device.type == "cpu":
+            self._set_cpu_threads(num_workers)
+        return make_loader_from_config(
+            dataset,
+            sampler,
+            loader_config,
+            num_workers=num_workers,
+            train=train,
+            pin_memory=loader_config.pin_memory and self.device.type == "cuda",
+            seed=self.config.seed,
+        )
+
+    def _set_cpu_threads(self, num_workers: int) -> None:
+        # Training on the CPU, the main process's intra-op pool and the loader workers share
+        # the cores: torch's default (one thread per core) would oversubscribe them, and workers
+        # starved of CPU make every step wait for data. So give this rank its share of the
+        # cores minus one per worker, and never fewer than one thread.
+        cores = max(1, usable_cores() // max(1, self.dist.local_world_size))
+        threads = max(1, cores - num_workers)
+        torch.set_num_threads(threads)
+        log.info("torch threads: %d (%d cores - %d loader workers)", threads, cores, num_workers)
+
+    def device_batches(self, loader) -> Iterator[dict[str, Any]]:
+        if self.device.type == "cuda":
+            return self._cuda_prefetch(loader)
+        return (self._to_device(batch) for batch in loader)
+
+    def _to_device(self, host_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copy (asynchronously when the host memory is pinned) and normalize on the device."""
+        batch = {key: value.to(self.device, non_blocking=True) for key, value in host_batch.items()}
+        batch["image"] = self._normalize(batch["image"])
+        return batch
+
+    def _normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 -> float32 on the device: OCR [N,C,H,W] to [-1, 1]; ResNet [N,H,W,3] to
+        NCHW with ImageNet mean/std."""
+        if self.config.task == "ocr":
+            return images.float().div_(255.0).sub_(0.5).div_(0.5)
+        # permute() is a view: NHWC memory seen as NCHW is exactly the channels_last layout,
+        # which cuDNN prefers on tensor-core GPUs, so no copy happens on CUDA.
+        images = images.permute(0, 3, 1, 2).float()
+        mean, std = self._imagenet_stats()
+        images = images.div_(255.0).sub_(mean).div_(std)
+        if self.device.type == "cuda":
+            return images.contiguous(memory_format=torch.channels_last)
+        return images.contiguous()  # the CPU kernels here are tuned for plain NCHW
+
+    def _imagenet_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and std as [1, 3, 1, 1] device tensors, made once (not a host copy per batch)."""
+        if self._stats is None:
+            shape = (1, 3, 1, 1)
+            self._stats = (
+                torch.tensor(IMAGENET_MEAN, device=self.device).view(shape),
+                torch.tensor(IMAGENET_STD, device=self.device).view(shape),
+            )
+        return self._stats
+
+    def _cuda_prefetch(self, loader) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield each batch while the next one is copied and normalized on a side stream."""
+        if self.config.task != "ocr":
+            self._imagenet_stats()  # made on the compute stream, before the side stream reads it
+        side_stream = torch.cuda.Stream(device=self.device)
+        # Work already queued on the compute stream (such as those constants) comes first.
+        side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        host_batches = iter(loader)
+
+        def preload() -> dict[str, torch.Tensor] | None:
+            host_batch = next(host_batches, None)
+            if host_batch is None:
+                return None
+            with torch.cuda.stream(side_stream):
+                return self._to_device(host_batch)
+
+        upcoming = preload()
+        while upcoming is not None:
+            batch = upcoming
+            compute_stream = torch.cuda.current_stream(self.device)
+            # The step must not read the batch before its copy and normalization finished...
+            compute_stream.wait_stream(side_stream)
+            # ...and the allocator must not hand its memory (allocated on the side stream) to
+            # another tensor until the compute stream is done with it.
+            for tensor in batch.values():
+                tensor.record_stream(compute_stream)
+            upcoming = preload()  # queue the next copy before the step runs on this batch
+            yield batch
+
+    # --- model and optimization ---------------------------------------------------------------
+    def build(self, num_classes: int, total_steps: int) -> None:
+        config = self.config
+        net = build_model(
+            config.model.name,
+            num_classes,
+            image_shape=tuple(config.data.image_shape),
+            hidden_size=config.model.hidden_size,
+        ).to(self.device)
+        if self.device.type == "cuda" and config.task == "resnet50":
+            net = net.to(memory_format=torch.channels_last)  # matches device_batches' layout
+        self.net = net
+        self.model = net
+        if self.dist.world_size > 1:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            # gradient_as_bucket_view: gradients live in the all-reduce buckets, saving a copy.
+            self.model = DistributedDataParallel(
+                net, device_ids=device_ids, gradient_as_bucket_view=True
+            )
+        self.optimizer = _make_optimizer(net, config.optim)
+        warmup, schedule = config.optim.warmup_steps, config.optim.schedule
+        self.scheduler = LambdaLR(self.optimizer, lr_factor(schedule, warmup, total_steps))
+        self._setup_amp(config.train.amp)
+
+    def _setup_amp(self, amp: str) -> None:
+        use_amp = amp != "none" and self.device.type == "cuda"
+        if amp != "none" and not use_amp:
+            log.warning("train.amp is %s but the device is the CPU: training in float32", amp)
+        self.amp_dtype = (
+            {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp) if use_amp else None
+        )
+        # Only fp16 needs loss scaling (its exponent range is narrow); disabled, the scaler
+        # passes everything through and its state is an empty dict.
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cuda", dtype=self.amp_dtype)
+
+    def _set_training(self, training: bool) -> None:
+        if self._training_mode != training:  # train()/eval() walk every module: only on change
+            self.model.train(training)
+            self._training_mode = training
+
+    def train_step(self, batch: dict[str, Any]) -> torch.Tensor:
+        self._set_training(True)
+        with self.profile_range("forward"), self._autocast():
+            scores = self.model(batch["image"])
+        loss = self._loss(scores, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.profile_range("backward"):
+            self.scaler.scale(loss).backward()
+        with self.profile_range("optimizer"):
+            clip = self.config.optim.grad_clip
+            if clip is not None:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
+                nn.utils.clip_grad_norm_(self.net.parameters(), clip)
+            self.scaler.step(self.optimizer)  # skipped when fp16 gradients overflowed
+            self.scaler.update()
+            self.scheduler.step()
+        return loss.detach()
+
+    def _loss(self, scores: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+        scores = scores.float()  # losses in float32 whatever the autocast dtype
+        if self.config.task != "ocr":
+            return F.cross_entropy(scores, batch["label"])
+        log_probs = scores.log_softmax(2).permute(1, 0, 2)  # [T, N, C] as CTCLoss wants
+        steps, size = log_probs.shape[:2]
+        input_lengths = torch.full((size,), steps, dtype=torch.long, device=log_probs.device)
+        return self._ctc(log_probs, batch["label"].long(), input_lengths, batch["length"].long())
+
+    def to_float(self, loss: Any) -> float:
+        return float(loss.item())
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @torch.no_grad()
+    def predict(self, batch: dict[str, Any]) -> np.ndarray:
+        self._set_training(False)
+        # The bare model, not DDP: evaluation needs no collectives, and ranks may see different
+        # numbers of evaluation batches.
+        with self._autocast():
+            scores = self.net(batch["image"])
+        if self.config.task == "ocr":
+            return scores.argmax(2).cpu().numpy().astype(np.int64)
+        k = min(5, scores.shape[1])
+        top = scores.topk(k, dim=1).indices.cpu().numpy().astype(np.int64)
+        if k < 5:  # fewer than 5 classes: pad with -1, which matches no label
+            top = np.pad(top, ((0, 0), (0, 5 - k)), constant_values=-1)
+        return top
+
+    def batch_labels(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {key: value.cpu().numpy() for key, value in batch.items() if key != "image"}
+
+    def num_parameters(self) -> int:
+        return sum(parameter.numel() for parameter in self.net.parameters())
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def save_state(self, directory: Path) -> None:
+        directory = Path(directory)
+        parts = {
+            "model": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": _rng_state(self.device),
+        }
+        for name, state in parts.items():
+            torch.save(state, directory / f"{name}.pt")
+
+    def load_state(self, directory: Path) -> None:
+        directory = Path(directory)
+        self.net.load_state_dict(self._load(directory, "model", self.device))
+        self.optimizer.load_state_dict(self._load(directory, "optimizer", self.device))
+        self.scheduler.load_state_dict(self._load(directory, "scheduler", "cpu"))
+        self.scaler.load_state_dict(self._load(directory, "scaler", "cpu"))
+        _set_rng_state(self._load(directory, "rng", "cpu"), self.device)
+
+    @staticmethod
+    def _load(directory: Path, name: str, map_location) -> Any:
+        path = directory / f"{name}.pt"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"checkpoint {directory} has no {path.name}; it is incomplete or not a torch "
+                f"checkpoint (expected {', '.join(n + '.pt' for n in STATE_FILES)})"
+            )
+        try:
+            # weights_only: tensors and plain containers only; unpickling anything else could
+            # run code from whoever wrote the file.
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise UnsafeCheckpointError(
+                f"refused to load {path}: it holds pickled objects other than tensors and plain "
+                "containers, and checkpoints are read with torch.load(weights_only=True) so that "
+                "a file cannot run code. Use a checkpoint written by this project's save_state. "
+                f"({str(error).splitlines()[0]})"
+            ) from error
+
+    # --- distributed and telemetry -----------------------------------------------------------
+    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
+        if self.dist.world_size == 1:
+            return values
+        tensor = torch.as_tensor(np.asarray(values, dtype=np.float64), device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.cpu().numpy()
+
+    def barrier(self) -> None:
+        if self.dist.world_size > 1:
+            dist.barrier()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def profile_range(self, name: str) -> contextlib.AbstractContextManager:
+        if not self.config.train.profile:
+            return contextlib.nullcontext()
+        if self.device.type == "cuda":
+            return torch.cuda.nvtx.range(name)  # shows in Nsight Systems timelines
+        return torch.autograd.profiler.record_function(name)  # shows in torch.profiler traces
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _make_optimizer(net: nn.Module, optim) -> torch.optim.Optimizer:
+    """optim is a train.config.OptimConfig; weight decay applies to every parameter."""
+    params = net.parameters()
+    if optim.name == "sgd":
+        return torch.optim.SGD(
+            params,
+            lr=optim.lr,
+            momentum=optim.momentum,
+            nesterov=False,
+            weight_decay=optim.weight_decay,
+        )
+    optimizer_class = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
+    return optimizer_class(params, lr=optim.lr, weight_decay=optim.weight_decay)
+
+
+def lr_factor(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The LR multiplier at each step: linear warmup, then cosine to 0, constant, or x0.1 at 1/3
+    and 2/3 of total_steps. A plain function (not a callable object), so LambdaLR's state_dict
+    stays plain data that torch.load(weights_only=True) accepts."""
+    total_steps = max(1, total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:  # starts at 1/warmup, not 0: a zero-LR step would be wasted
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        if schedule == "step":
+            return 0.1 ** sum(step >= total_steps * k / 3 for k in (1, 2))
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch_cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    # Python's and numpy's global generators, as plain tuples and tensors (weights_only-safe).
+    state["python"] = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached)
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    if device.type == "cuda" and "torch_cuda" in state:
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
