@@ -1,0 +1,475 @@
+"""PaddlePaddle 2.6 implementation of the training-loop contract in train/backends/base.py.
+
+The loop (train/loop.py) drives it; nothing here knows about epochs or logging cadence. Run:
+    .venv-paddle/bin/python -m train --config configs/ocr/smoke.yaml
+and on several GPUs or CPU processes:
+    python -m paddle.distributed.launch --nproc_per_node 2 train/__main__.py --config ...
+"""
+
+from __future__ import annotations
+
+# First: this module loads the system zlib before paddle (docs/paddle_png_zlib.md).
+from train.backends.paddle import data as paddle_data
+
+# isort: split
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+import paddle.nn.functional as F
+from paddle.utils import unique_name
+
+from train.backends.base import IMAGENET_MEAN, IMAGENET_STD, Backend, DistInfo
+from train.backends.paddle.models import build_model
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = 1
+MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.npz", "optimizer.npz", "state.json"
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file holds pickled Python objects, which load_state never unpickles."""
+
+
+class PaddleBackend(Backend):
+    name = "paddle"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.dist = DistInfo()
+        self.gpu_id: int | None = None  # None: CPU
+        self.net: paddle.nn.Layer | None = None  # the bare model: predict, checkpoints
+        self.model: paddle.nn.Layer | None = None  # what train_step calls (DataParallel > 1 rank)
+        self.optimizer: paddle.optimizer.Optimizer | None = None
+        self.scheduler: paddle.optimizer.lr.LambdaDecay | None = None
+        self.scaler: paddle.amp.GradScaler | None = None
+        self.amp_dtype: str | None = None  # "float16" | "bfloat16" | None
+        self.step = 0  # optimizer steps taken; also seeds Paddle's RNG per step (see _reseed)
+        self.seed = config.seed
+        # Parameter and optimizer-accumulator names come from this generator, not the
+        # process-wide one, so they are the same in every process and every backend instance:
+        # Paddle's optimizer state is keyed by them.
+        self._names: Any = None
+        self._training_mode: bool | None = None
+        self._stats: tuple[paddle.Tensor, paddle.Tensor] | None = None  # ImageNet scale, shift
+
+    # --- process ---------------------------------------------------------------------------
+    def init_distributed(self) -> DistInfo:
+        env = os.environ  # set by python -m paddle.distributed.launch
+        world_size = int(env.get("PADDLE_TRAINERS_NUM", "1"))
+        local_rank = int(env.get("PADDLE_LOCAL_RANK", env.get("PADDLE_RANK_IN_NODE", "0")))
+        self.dist = DistInfo(
+            rank=int(env.get("PADDLE_TRAINER_ID", "0")),
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=int(env.get("PADDLE_LOCAL_SIZE", str(world_size))),
+        )
+        self.gpu_id = self._pick_gpu()
+        paddle.set_device("cpu" if self.gpu_id is None else f"gpu:{self.gpu_id}")
+        if world_size > 1 and not dist.is_initialized():
+            dist.init_parallel_env()  # NCCL on GPU; gloo on CPU (the launcher sets it)
+        return self.dist
+
+    def _pick_gpu(self) -> int | None:
+        wanted = self.config.train.device
+        gpus = paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
+        if wanted == "cpu" or (wanted == "auto" and gpus == 0):
+            return None
+        if gpus == 0:
+            raise RuntimeError(
+                "train.device is gpu but Paddle sees no GPU: install paddlepaddle-gpu (this is "
+                f"{'a CUDA' if paddle.device.is_compiled_with_cuda() else 'the CPU'} build), "
+                "check `nvidia-smi` and the container's GPU runtime, or set train.device: cpu"
+            )
+        # The launcher gives each rank its GPU in FLAGS_selected_gpus (--devices 0,1,...).
+        selected = os.environ.get("FLAGS_selected_gpus", "").split(",")[0]  # noqa: SIM112
+        gpu = int(selected) if selected.strip() else self.dist.local_rank
+        if gpu >= gpus:
+            raise RuntimeError(
+                f"rank {self.dist.rank} wants GPU {gpu} but only {gpus} are visible; start at "
+                "most one process per GPU (paddle.distributed.launch --devices)"
+            )
+        return gpu
+
+    @property
+    def place(self) -> Any:
+        return paddle.CPUPlace() if self.gpu_id is None else paddle.CUDAPlace(self.gpu_id)
+
+    @property
+    def device_name(self) -> str:
+        if self.gpu_id is None:
+            return "cpu"
+        return f"gpu:{self.gpu_id} ({paddle.device.cuda.get_device_name(self.gpu_id)})"
+
+    def seed_everything(self, seed: int, deterministic: bool) -> None:
+        self.seed = seed
+        random.seed(seed)
+        np.random.seed(seed)
+        paddle.seed(seed)  # the CPU and every CUDA generator
+        if deterministic:
+            _set_flags_that_exist(
+                FLAGS_cpu_deterministic=True,
+                # CUDA builds only; a CPU build rejects them as unknown.
+                FLAGS_cudnn_deterministic=True,
+                FLAGS_cudnn_exhaustive_search=False,
+                FLAGS_embedding_deterministic=1,
+            )
+
+    def _reseed(self) -> None:
+        """Seed Paddle's generators from (seed, step) before every step.
+
+        Paddle 2.6 cannot restore its CPU generator from plain data: GeneratorState pickles to
+        (device, seed, offset) only, without the Mersenne-Twister position, and has no other
+        serializable form. A state that is a pure function of (seed, step) needs none: a resumed
+        run draws exactly what the uninterrupted one drew (dropout masks, for instance).
+        """
+        sequence = np.random.SeedSequence([self.seed, self.step])
+        paddle.seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+
+    # --- data ------------------------------------------------------------------------------
+    def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
+        # CPU threads stay at Paddle's FLAGS_paddle_num_threads (default 1; set the environment
+        # variable to raise it). More threads than free cores make Paddle's OpenMP kernels spin:
+        # 2 threads on a busy 2-core host ran a crnn_tiny step 3-5x slower than 1 thread.
+        return paddle_data.make_loader_from_config(
+            dataset, sampler, loader_config, num_workers=num_workers, train=train, places=self.place
+        )
+
+    def device_batches(self, loader) -> Iterator[dict[str, Any]]:
+        # On a GPU the loader was built with places=this GPU: Paddle's buffered reader stages
+        # each batch in pinned memory and copies it on its own CUDA stream, ahead of use, so the
+        # copy of batch k+1 overlaps step k without a hand-made stream here. What is left is to
+        # normalize, which runs on the device's compute stream.
+        for batch in loader:
+            yield self._on_device(batch)
+
+    def _on_device(self, batch: dict[str, paddle.Tensor]) -> dict[str, paddle.Tensor]:
+        batch = dict(batch)
+        if self.gpu_id is not None:  # a no-op for loader batches, which are there already
+            for key, value in batch.items():
+                place = value.place
+                if not (place.is_gpu_place() and place.gpu_device_id() == self.gpu_id):
+                    batch[key] = value.cuda(self.gpu_id, blocking=False)
+        batch["image"] = self._normalize(batch["image"])
+        return batch
+
+    def _normalize(self, images: paddle.Tensor) -> paddle.Tensor:
+        """uint8 -> float32 on the device: OCR [N,C,H,W] to [-1, 1]; ResNet [N,H,W,3] to NCHW
+        with ImageNet mean/std."""
+        if self.config.task == "ocr":
+            return (images.astype("float32") / 255.0 - 0.5) / 0.5
+        # Transpose the uint8 batch: a quarter of the bytes of the float32 one.
+        images = images.transpose([0, 3, 1, 2]).astype("float32")
+        scale, shift = self._imagenet_stats()
+        return images * scale + shift  # (x / 255 - mean) / std, as one multiply-add
+
+    def _imagenet_stats(self) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """[1, 3, 1, 1] device constants, made once (not a host copy per batch)."""
+        if self._stats is None:
+            mean, std = np.array(IMAGENET_MEAN), np.array(IMAGENET_STD)
+            scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(1, 3, 1, 1)
+            shift = (-mean / std).astype(np.float32).reshape(1, 3, 1, 1)
+            self._stats = (paddle.to_tensor(scale), paddle.to_tensor(shift))
+        return self._stats
+
+    # --- model and optimization ---------------------------------------------------------------
+    def build(self, num_classes: int, total_steps: int) -> None:
+        config = self.config
+        # Paddle's BatchNorm warns on every training forward that it tracks running statistics,
+        # which it always did; the message says nothing to act on.
+        warnings.filterwarnings("ignore", "When training, we now always track global mean")
+        with self._own_names():
+            self.net = build_model(
+                config.model.name,
+                num_classes,
+                image_shape=tuple(config.data.image_shape),
+                hidden_size=config.model.hidden_size,
+            )
+            self.model = paddle.DataParallel(self.net) if self.dist.world_size > 1 else self.net
+            optim = config.optim
+            factor = lr_factor(optim.schedule, optim.warmup_steps, total_steps)
+            self.scheduler = paddle.optimizer.lr.LambdaDecay(optim.lr, factor)
+            self.optimizer = _make_optimizer(self.net, optim, self.scheduler)
+        self._setup_amp(config.train.amp)
+
+    @contextlib.contextmanager
+    def _own_names(self) -> Iterator[None]:
+        # switch() swaps (name generator, parameter-name checker); no args: fresh ones.
+        previous = unique_name.switch(*self._names) if self._names else unique_name.switch()
+        try:
+            yield
+        finally:
+            self._names = unique_name.switch(*previous)
+
+    def _setup_amp(self, amp: str) -> None:
+        use_amp = amp != "none" and self.gpu_id is not None
+        if amp != "none" and not use_amp:
+            log.warning("train.amp is %s but the device is the CPU: training in float32", amp)
+        self.amp_dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(amp) if use_amp else None
+        # Only fp16 needs loss scaling: bf16 has float32's exponent range.
+        self.scaler = paddle.amp.GradScaler() if self.amp_dtype == "float16" else None
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return paddle.amp.auto_cast(level="O1", dtype=self.amp_dtype)
+
+    def _set_training(self, training: bool) -> None:
+        if self._training_mode == training:  # train()/eval() walk every layer: only on change
+            return
+        if training:
+            self.model.train()
+        else:
+            self.model.eval()
+        self._training_mode = training
+
+    def train_step(self, batch: dict[str, Any]) -> paddle.Tensor:
+        self._set_training(True)
+        self._reseed()
+        with self._autocast():
+            logits = self.model(batch["image"])
+        loss = self._loss(logits.astype("float32"), batch)  # losses in float32 under AMP
+        # Accumulators are created on the first optimizer step: name them from our generator.
+        with self._own_names():
+            if self.scaler is None:
+                loss.backward()
+                self.optimizer.step()
+            else:
+                scaled = self.scaler.scale(loss)
+                scaled.backward()
+                self.scaler.minimize(self.optimizer, scaled)  # unscale, clip, step, update
+        self.optimizer.clear_grad(set_to_zero=False)  # frees the gradients, like set_to_none
+        self.scheduler.step()
+        self.step += 1
+        return loss.detach()
+
+    def _loss(self, logits: paddle.Tensor, batch: dict[str, Any]) -> paddle.Tensor:
+        if self.config.task != "ocr":
+            return F.cross_entropy(logits, batch["label"])
+        # Paddle's CTC (warp-ctc) takes unnormalized logits [T, N, C] and applies softmax
+        # itself (checked against a reference CTC: log-softmaxed input gives the same loss).
+        # reduction="mean" divides each sample's loss by its label length, then averages.
+        logits = logits.transpose([1, 0, 2])
+        steps, size = logits.shape[0], logits.shape[1]
+        return F.ctc_loss(
+            logits,
+            batch["label"].astype("int32"),
+            paddle.full([size], steps, dtype="int64"),
+            batch["length"].astype("int64"),
+            blank=0,
+            reduction="mean",
+        )
+
+    def to_float(self, loss: Any) -> float:
+        return float(loss.item())
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.get_lr())
+
+    def predict(self, batch: dict[str, Any]) -> np.ndarray:
+        self._set_training(False)
+        # The bare model, not DataParallel: evaluation needs no collectives.
+        with paddle.no_grad(), self._autocast():
+            logits = self.net(batch["image"])
+        if self.config.task == "ocr":
+            return logits.argmax(axis=2).numpy().astype(np.int64)
+        k = min(5, logits.shape[1])
+        top = paddle.topk(logits, k, axis=1)[1].numpy().astype(np.int64)
+        if k < 5:  # fewer than 5 classes: pad with -1, which matches no label
+            top = np.pad(top, ((0, 0), (0, 5 - k)), constant_values=-1)
+        return top
+
+    def batch_labels(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {key: value.numpy() for key, value in batch.items() if key != "image"}
+
+    def num_parameters(self) -> int:
+        # Trainable only: Paddle keeps BatchNorm running statistics as (frozen) parameters,
+        # where torch has buffers; this way both backends count the same model alike.
+        return sum(int(np.prod(p.shape)) for p in self.net.parameters() if p.trainable)
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def save_state(self, directory: Path) -> None:
+        """model.npz and optimizer.npz (tensors), state.json (everything else)."""
+        directory = Path(directory)
+        model = {name: tensor.numpy() for name, tensor in self.net.state_dict().items()}
+        np.savez(directory / MODEL_FILE, **model)
+        np.savez(directory / OPTIMIZER_FILE, **self._optimizer_tensors())
+        scaler = self.scaler.state_dict() if self.scaler is not None else None
+        if scaler:
+            scaler["scale"] = [float(v) for v in np.ravel(scaler["scale"])]
+        kind, keys, position, has_gauss, cached = np.random.get_state()
+        state = {
+            "format": STATE_FORMAT,
+            "framework": "paddle",
+            "step": self.step,
+            "seed": self.seed,
+            "lr_scheduler": self.scheduler.state_dict(),
+            "grad_scaler": scaler,
+            "python_random": random.getstate(),
+            "numpy_random": [kind, keys.tolist(), position, has_gauss, cached],
+        }
+        (directory / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")
+
+    def _optimizer_tensors(self) -> dict[str, np.ndarray]:
+        state = self.optimizer.state_dict()
+        if state.get("master_weights"):  # only with AMP O2, which this backend does not use
+            raise NotImplementedError("saving master weights (AMP O2) is not supported")
+        skip = ("LR_Scheduler", "master_weights")
+        return {name: value.numpy() for name, value in state.items() if name not in skip}
+
+    def load_state(self, directory: Path) -> None:
+        directory = Path(directory)
+        state = _read_state(directory / STATE_FILE)
+        model = _load_npz(directory / MODEL_FILE)
+        _check_same_tensors(directory / MODEL_FILE, model, self.net.state_dict())
+        self.net.set_state_dict(model)
+        # Accumulators made before this call (load after training steps) get the values now;
+        # otherwise Paddle keeps them and fills each accumulator when the first step makes it.
+        # The optimizer also hands LR_Scheduler to the schedule.
+        optimizer = _load_npz(directory / OPTIMIZER_FILE)
+        self.optimizer.set_state_dict({**optimizer, "LR_Scheduler": state["lr_scheduler"]})
+        scaler = state.get("grad_scaler")
+        if self.scaler is not None and scaler:
+            self.scaler.load_state_dict({**scaler, "scale": np.array(scaler["scale"], "float32")})
+        version, internal, gauss = state["python_random"]
+        random.setstate((version, tuple(internal), gauss))
+        kind, keys, position, has_gauss, cached = state["numpy_random"]
+        np.random.set_state((kind, np.array(keys, np.uint32), position, has_gauss, cached))
+        self.step, self.seed = int(state["step"]), int(state["seed"])
+
+    # --- distributed and telemetry -----------------------------------------------------------
+    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
+        if self.dist.world_size == 1:
+            return values
+        tensor = paddle.to_tensor(np.asarray(values, dtype=np.float64), place=self.place)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.numpy()
+
+    def barrier(self) -> None:
+        if self.dist.world_size > 1:
+            dist.barrier()
+
+    def synchronize(self) -> None:
+        if self.gpu_id is not None:
+            paddle.device.cuda.synchronize(self.gpu_id)
+
+    def profile_range(self, name: str) -> contextlib.AbstractContextManager:
+        if not self.config.train.profile:
+            return contextlib.nullcontext()
+        return paddle.profiler.RecordEvent(name)  # shows in paddle.profiler timelines
+
+    def shutdown(self) -> None:
+        if self.dist.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _set_flags_that_exist(**flags: Any) -> None:
+    """paddle.set_flags, skipping flags this build does not define (CUDA-only ones on CPU)."""
+    for name, value in flags.items():
+        try:
+            paddle.set_flags({name: value})
+        except ValueError:
+            log.debug("this Paddle build has no %s; not set", name)
+
+
+def _make_optimizer(net: paddle.nn.Layer, optim, schedule) -> paddle.optimizer.Optimizer:
+    """optim is a train.config.OptimConfig. Weight decay skips 1-D parameters (biases and
+    BatchNorm scales): decaying them only fights the normalization."""
+    params = [p for p in net.parameters() if p.trainable]  # not BatchNorm's running stats
+    groups = [
+        {"params": [p for p in params if len(p.shape) > 1], "weight_decay": optim.weight_decay},
+        {"params": [p for p in params if len(p.shape) <= 1], "weight_decay": 0.0},
+    ]
+    groups = [group for group in groups if group["params"]]
+    clip = paddle.nn.ClipGradByGlobalNorm(optim.grad_clip) if optim.grad_clip else None
+    if optim.name == "sgd":
+        return paddle.optimizer.Momentum(
+            schedule, momentum=optim.momentum, parameters=groups, grad_clip=clip
+        )
+    optimizer_class = paddle.optimizer.Adam if optim.name == "adam" else paddle.optimizer.AdamW
+    return optimizer_class(schedule, parameters=groups, grad_clip=clip)
+
+
+def lr_factor(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The LR multiplier at each step: linear warmup, then cosine to 0, constant, or x0.1 at 1/3
+    and 2/3 of total_steps (the same curve as the torch backend's)."""
+    total_steps = max(1, total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:  # starts at 1/warmup, not 0: a zero-LR step would be wasted
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        if schedule == "step":
+            return 0.1 ** sum(step >= total_steps * k / 3 for k in (1, 2))
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {path.parent} has no {path.name}; it is incomplete or not a paddle "
+            f"checkpoint (expected {MODEL_FILE}, {OPTIMIZER_FILE} and {STATE_FILE})"
+        )
+    state = json.loads(path.read_text(encoding="utf-8"))
+    if state.get("framework") != "paddle" or state.get("format") != STATE_FORMAT:
+        raise ValueError(
+            f"{path}: framework {state.get('framework')!r}, format {state.get('format')!r}; "
+            f"this backend reads paddle checkpoints of format {STATE_FORMAT}"
+        )
+    return state
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array in ``path``, refusing pickled objects: unpickling could run code from
+    whoever wrote the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file missing: {path}")
+    arrays: dict[str, np.ndarray] = {}
+    entry = ""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            for entry in npz.files:
+                arrays[entry] = npz[entry]
+    except ValueError as error:
+        if "pickle" not in str(error):
+            raise
+        where = f" (entry {entry!r})" if entry else ""
+        raise UnsafeCheckpointError(
+            f"refused to load {path}{where}: it holds a pickled Python object (or is no .npz "
+            "at all), and checkpoints are read with numpy allow_pickle=False so that a file "
+            "cannot run code. Use a checkpoint written by this project's save_state. "
+            f"({error})"
+        ) from error
+    return arrays
+
+
+def _check_same_tensors(path: Path, loaded: dict[str, np.ndarray], expected: dict) -> None:
+    """Fail with the names, not deep inside Paddle, when a checkpoint belongs to another model."""
+    missing = sorted(set(expected) - set(loaded))
+    unexpected = sorted(set(loaded) - set(expected))
+    reshaped = [
+        f"{name} {list(loaded[name].shape)} vs {list(expected[name].shape)}"
+        for name in sorted(set(loaded) & set(expected))
+        if list(loaded[name].shape) != list(expected[name].shape)
+    ]
+    if missing or unexpected or reshaped:
+        raise ValueError(
+            f"{path} does not fit this model (did model.name, model.hidden_size or "
+            "data.image_shape change?): "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}, shape {reshaped[:5]}"
+        )
