@@ -23,12 +23,34 @@ def free_port() -> int:
 @pytest.mark.torch
 def test_torchrun_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
     out = tmp_path / "run"
-    sets = ["framework=torch", "train.max_steps=6", "train.log_every=2", "train.eval_every=6",
-            "train.checkpoint_every=6", "loader.num_workers=1", "loader.batch_size=4",
-            "optim.warmup_steps=1", *data_overrides("resnet50", ocr_lmdb, image_h5)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "-m", "train", "--config", "configs/resnet50/smoke.yaml", "--output-dir", str(out)]
+    sets = [
+        "framework=torch",
+        "train.max_steps=6",
+        "train.log_every=2",
+        "train.eval_every=6",
+        "train.checkpoint_every=6",
+        "loader.num_workers=1",
+        "loader.batch_size=4",
+        "optim.warmup_steps=1",
+        *data_overrides("resnet50", ocr_lmdb, image_h5),
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "train",
+        "--config",
+        "configs/resnet50/smoke.yaml",
+        "--output-dir",
+        str(out),
+    ]
     for item in sets:
         cmd += ["--set", item]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
