@@ -19,7 +19,7 @@ if want and int(want) != st.f_blocks * st.f_frsize:
 PY
 
 case "$framework" in
-    paddle) default="tests/test_config.py tests/test_lmdb_ocr.py tests/test_workers.py tests/test_scripts.py tests/test_paddle_png.py"
+    paddle) default="tests/test_config.py tests/test_lmdb_ocr.py tests/test_workers.py tests/test_scripts.py"
             marks="not torch and not slow" ;;
     torch) default="tests/test_config.py tests/test_hdf5_and_folders.py tests/test_workers.py tests/test_backend_torch.py"
            marks="not paddle and not slow" ;;
