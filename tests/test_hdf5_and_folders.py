@@ -18,7 +18,7 @@ from datasets.synthetic import LATIN, encode_image, imagenet_like, ocr_samples
 
 
 def test_hdf5_layout_and_round_trip(image_h5):
-    with h5py.File(image_h5) as f:
+    with h5py.File(image_h5, "r", locking=False) as f:  # as the readers open it
         assert f.attrs["format"] == "resnet50-hdf5" and f.attrs["schema_version"] == 1
         assert json.loads(f.attrs["class_names"]) == ["c0", "c1", "c2", "c3"]
         assert f["images"].chunks == (CHUNK_ROWS,) and f["images"].compression is None
