@@ -80,8 +80,14 @@ class Crnn(nn.Layer):
         )
         self.rnn = nn.LSTM(s4, hidden_size, num_layers=widths.lstm_layers, direction="bidirect")
         self.head = nn.Linear(2 * hidden_size, num_classes)
+        self.height = height
 
     def forward(self, images: paddle.Tensor) -> paddle.Tensor:
+        if images.shape[2] != self.height:  # the last conv is sized for this height
+            raise ValueError(
+                f"CRNN built for images {self.height} pixels high got {images.shape[2]}: "
+                "the dataset and the model must use the same data.image_shape"
+            )
         features = self.backbone(images)  # [N, C, 1, T]
         sequence = features.squeeze(2).transpose([0, 2, 1])  # [N, T, C]
         sequence, _ = self.rnn(sequence)
