@@ -15,11 +15,10 @@ from train.backends.paddle import data as paddle_data
 import contextlib
 import json
 import logging
-import math
 import os
 import random
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from paddle.utils import unique_name
 
 from train.backends.base import IMAGENET_MEAN, IMAGENET_STD, Backend, DistInfo
 from train.backends.paddle.models import build_model
+from train.schedule import lr_factor
 
 log = logging.getLogger(__name__)
 
@@ -399,24 +399,6 @@ def _make_optimizer(net: paddle.nn.Layer, optim, schedule) -> paddle.optimizer.O
         )
     optimizer_class = paddle.optimizer.Adam if optim.name == "adam" else paddle.optimizer.AdamW
     return optimizer_class(schedule, parameters=groups, grad_clip=clip)
-
-
-def lr_factor(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """The LR multiplier at each step: linear warmup, then cosine to 0, constant, or x0.1 at 1/3
-    and 2/3 of total_steps (the same curve as the torch backend's)."""
-    total_steps = max(1, total_steps)
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:  # starts at 1/warmup, not 0: a zero-LR step would be wasted
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        if schedule == "step":
-            return 0.1 ** sum(step >= total_steps * k / 3 for k in (1, 2))
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def _read_state(path: Path) -> dict[str, Any]:

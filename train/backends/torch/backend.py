@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import pickle
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from train.backends.base import IMAGENET_MEAN, IMAGENET_STD, Backend, DistInfo
 from train.backends.torch.data import make_loader_from_config
 from train.backends.torch.models import build_model
 from train.config import usable_cores
+from train.schedule import lr_factor
 
 log = logging.getLogger(__name__)
 
@@ -389,25 +389,6 @@ def _make_optimizer(net: nn.Module, optim) -> torch.optim.Optimizer:
         )
     optimizer_class = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
     return optimizer_class(params, lr=optim.lr, weight_decay=optim.weight_decay)
-
-
-def lr_factor(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """The LR multiplier at each step: linear warmup, then cosine to 0, constant, or x0.1 at 1/3
-    and 2/3 of total_steps. A plain function (not a callable object), so LambdaLR's state_dict
-    stays plain data that torch.load(weights_only=True) accepts."""
-    total_steps = max(1, total_steps)
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:  # starts at 1/warmup, not 0: a zero-LR step would be wasted
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        if schedule == "step":
-            return 0.1 ** sum(step >= total_steps * k / 3 for k in (1, 2))
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def _rng_state(device: torch.device) -> dict[str, Any]:
