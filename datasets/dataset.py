@@ -88,8 +88,14 @@ class RecordDataset:
             self.cache.put(index, record)
         return record
 
-    def __getitem__(self, item: int | tuple[int, int]) -> Sample:
+    def start_worker(self) -> None:
+        """First thing in a loader worker (the backends' worker_init_fn): tie the worker's life
+        to the trainer's, see handles.die_with_parent."""
+        faults.delay_start()
         die_with_parent(self._owner_pid)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> Sample:
+        die_with_parent(self._owner_pid)  # for loaders built without our worker_init_fn
         epoch, position = item if isinstance(item, tuple) else (self.bad_log.epoch, item)
         position = int(position)
         for attempt in range(self.max_substitutions + 1):

@@ -5,6 +5,11 @@
 makes whichever process reads source index 123 die the way a broken decoder or the kernel would
 kill it: ``segv`` (SIGSEGV), ``kill`` (SIGKILL, as the OOM killer does), ``exit`` (os._exit(1)),
 or ``hang`` (sleep forever). Unset, it costs one dictionary lookup per process.
+
+    DATA_INJECT_FAULT=startdelay@3
+
+makes every loader worker sleep 3 s as it starts, before it binds itself to the trainer's
+lifetime: the window in which a trainer killed with -9 used to leave workers behind forever.
 """
 
 from __future__ import annotations
@@ -26,9 +31,16 @@ def _fault() -> tuple[str, int] | None:
     return _parsed[pid]
 
 
+def delay_start() -> None:
+    """Sleep at worker start if DATA_INJECT_FAULT=startdelay@SECONDS."""
+    fault = _fault()
+    if fault is not None and fault[0] == "startdelay":
+        time.sleep(fault[1])
+
+
 def maybe_inject(index: int) -> None:
     fault = _fault()
-    if fault is None or fault[1] != index:
+    if fault is None or fault[0] == "startdelay" or fault[1] != index:
         return
     kind = fault[0]
     if kind == "segv":
@@ -41,4 +53,4 @@ def maybe_inject(index: int) -> None:
         while True:
             time.sleep(60)
     else:
-        raise ValueError(f"{ENV}={kind}@{index}: kind must be segv, kill, exit or hang")
+        raise ValueError(f"{ENV}={kind}@{index}: kind must be segv, kill, exit, hang or startdelay")

@@ -70,12 +70,43 @@ class ProcessLocalHandle(Generic[H]):
 
 _bound_pid: int | None = None
 
+# How far up the process tree the dataset's owner may be: the parent for fork and spawn workers,
+# the grandparent for forkserver workers (the fork server is the owner's child).
+_OWNER_DEPTH = 2
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` from /proc, or None if it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            return int(stat.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def owner_is_ancestor(owner_pid: int, depth: int = _OWNER_DEPTH) -> bool:
+    """True while ``owner_pid`` is among this process's first ``depth`` ancestors. When the
+    owner dies, its descendants are re-parented to init (or a subreaper) and this turns False."""
+    pid: int | None = os.getppid()
+    for _ in range(depth):
+        if pid == owner_pid:
+            return True
+        if pid is None or pid <= 1:
+            return False
+        pid = _parent_of(pid)
+    return False
+
 
 def die_with_parent(owner_pid: int) -> None:
     """In a loader worker (a process other than ``owner_pid``, the one that built the dataset),
-    ask the kernel to SIGKILL us when our parent dies. Without it, a worker blocked on a full
-    queue outlives a trainer killed with -9 and holds its memory and files forever (seen with
-    Paddle's loader). Once per process; a no-op in the owner and off Linux."""
+    ask the kernel to SIGKILL us when our parent dies (for a forkserver worker the parent is the
+    fork server, which exits with the owner). Without it, a worker blocked on a full queue
+    outlives a trainer killed with -9 and holds its memory and files forever (seen with Paddle's
+    loader). Call it as early as possible in the worker (the backends' worker_init_fn): the
+    loaders' own parent watchdogs read the parent pid once at start-up, so a worker whose trainer
+    dies while it starts would watch init instead and live forever. Once per process; a no-op in
+    the owner and off Linux."""
     global _bound_pid
     pid = os.getpid()
     if _bound_pid == pid or pid == owner_pid:
@@ -89,5 +120,5 @@ def die_with_parent(owner_pid: int) -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != owner_pid:  # the parent died before prctl took effect
+    if not owner_is_ancestor(owner_pid):  # the owner died before prctl took effect
         os._exit(1)

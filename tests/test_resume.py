@@ -55,6 +55,27 @@ def wait_for_step(run_dir: Path, process: subprocess.Popen, step: int, timeout: 
     raise TimeoutError(f"step {step} not reached")
 
 
+def assert_exits(process: psutil.Process, timeout: float) -> None:
+    """Wait for a process that is not our child; on timeout, fail with what it is doing."""
+    try:
+        process.wait(timeout=timeout)
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        with contextlib.suppress(psutil.Error, OSError):
+            info = process.as_dict(["pid", "ppid", "name", "status", "cmdline", "num_threads"])
+            stack = (
+                Path(f"/proc/{process.pid}/stack").read_text()
+                if os.path.exists(f"/proc/{process.pid}/stack")
+                else ""
+            )
+            wchan = Path(f"/proc/{process.pid}/wchan").read_text()
+            pytest.fail(
+                f"process outlived its parent by {timeout} s: {info} wchan={wchan}\n{stack}"
+            )
+        raise
+
+
 def start(task, framework, out, fixtures, *extra):
     ocr_lmdb, image_h5 = fixtures
     cmd = train_cmd(task, framework, out, [*SETTINGS, *extra], ocr_lmdb=ocr_lmdb, image_h5=image_h5)
@@ -82,8 +103,7 @@ def test_kill_9_then_resume_equals_uninterrupted_run(task, framework, tmp_path, 
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=60)
     for child in children:  # orphaned loader workers notice their parent is gone and exit
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.wait(timeout=30)
+        assert_exits(child, timeout=30)
     resumed = subprocess.run(
         [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
@@ -94,6 +114,35 @@ def test_kill_9_then_resume_equals_uninterrupted_run(task, framework, tmp_path, 
     assert a.keys() == b.keys()
     different = [k for k in a if not np.array_equal(a[k], b[k])]
     assert different == [], f"killed at step {kill_at}: {different[:5]}"
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_kill_9_while_workers_start_leaves_none_behind(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    """The loaders' parent watchdogs read the parent pid once, as the worker starts: a worker
+    whose trainer dies before that watches init and lives forever (CI caught one). Workers here
+    sleep 4 s as they start, the trainer is killed meanwhile, and every worker must exit. One
+    batch per epoch, so the second worker never gets an index: only binding at start saves it."""
+    one_batch = f"loader.batch_size={96 if task == 'ocr' else 24}"  # the fixtures' sizes
+    settings = [*SETTINGS, one_batch]
+    cmd = train_cmd(
+        task, framework, tmp_path / "run", settings, ocr_lmdb=ocr_lmdb, image_h5=image_h5
+    )
+    env = {**os.environ, "DATA_INJECT_FAULT": "startdelay@4"}
+    victim = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 300
+    workers: list[psutil.Process] = []
+    while len(workers) < 2:  # the smoke configs' two loader workers, still in their start delay
+        assert victim.poll() is None and time.time() < deadline, victim.stderr.read()[-3000:]
+        time.sleep(0.05)
+        workers = psutil.Process(victim.pid).children(recursive=True)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    for worker in workers:
+        assert_exits(worker, timeout=30)
 
 
 @pytest.mark.parametrize("task, framework", PAIRS)

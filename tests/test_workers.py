@@ -1,5 +1,5 @@
 """Handles are opened lazily, once per worker process, never in the parent for iteration, with
-real PyTorch and PaddlePaddle DataLoaders, fork and spawn, persistent workers or not."""
+real PyTorch and PaddlePaddle DataLoaders, fork, spawn and forkserver, persistent workers or not."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ PROBE = ROOT / "tests" / "probes" / "loader_probe.py"
 CASES = [
     f"{k}-{c}-{p}"
     for k in ("ocr", "h5")
-    for c in ("fork", "spawn")
+    for c in ("fork", "spawn", "forkserver")
     for p in ("persistent", "fresh")
 ]
 

@@ -45,9 +45,10 @@ def loader(framework, dataset, sampler, context, persistent):
     )
 
 
-def run_case(framework, kind, context, persistent, args, out_dir) -> dict:
-    log = out_dir / f"{framework}-{kind}-{context}-{persistent}.log"
-    os.environ["DATA_OPEN_LOG"] = str(log)  # inherited by the workers this case starts
+def run_case(framework, kind, context, persistent, args, log) -> dict:
+    # One log for the whole probe, set before any worker starts: a fork server keeps the
+    # environment it started with, so a per-case variable would never reach its workers.
+    start = log.stat().st_size if log.exists() else 0
     if kind == "ocr":
         dataset = build_ocr_dataset(args[0], CharDict.from_file(args[1]), train=True)
     else:
@@ -60,20 +61,23 @@ def run_case(framework, kind, context, persistent, args, out_dir) -> dict:
         batches += sum(1 for _ in data)
     del data
     dataset.close()
-    opens = [line.split("\t") for line in log.read_text().splitlines()]
+    with open(log, "rb") as lines:
+        lines.seek(start)
+        opens = [line.split("\t") for line in lines.read().decode().splitlines()]
     return {"parent": os.getpid(), "batches": batches, "opens": opens}
 
 
 def main() -> None:
     framework, ocr_root, charset, h5, out_dir = sys.argv[1:6]
-    out_dir = Path(out_dir)
+    log = Path(out_dir) / f"{framework}-opens.log"
+    os.environ["DATA_OPEN_LOG"] = str(log)  # inherited by every worker the probe starts
     results = {}
     for kind in ("ocr", "h5"):
-        for context in ("fork", "spawn"):
+        for context in ("fork", "spawn", "forkserver"):
             for persistent in (True, False):
                 case = f"{kind}-{context}-{'persistent' if persistent else 'fresh'}"
                 results[case] = run_case(
-                    framework, kind, context, persistent, (ocr_root, charset, h5), out_dir
+                    framework, kind, context, persistent, (ocr_root, charset, h5), log
                 )
     print(json.dumps(results))
 

@@ -157,6 +157,9 @@ def collate_uint8(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
 
 
 def _worker_init(worker_id: int) -> None:
+    start_worker = getattr(paddle.io.get_worker_info().dataset.dataset, "start_worker", None)
+    if start_worker is not None:
+        start_worker()  # before anything slow: see datasets.handles.die_with_parent
     # A spawned worker imports paddle (to unpickle its loop) before this module: check again
     # (a forkserver started before the first loader did not get the LD_PRELOAD fix).
     check_zlib_load_order()

@@ -22,6 +22,9 @@ def collate_uint8(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tenso
 
 
 def _worker_init(worker_id: int) -> None:
+    start_worker = getattr(torch.utils.data.get_worker_info().dataset, "start_worker", None)
+    if start_worker is not None:
+        start_worker()  # before anything slow: see datasets.handles.die_with_parent
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
 
