@@ -12,6 +12,7 @@ import io
 
 import cv2
 import numpy as np
+import simplejpeg
 from PIL import Image
 
 from datasets.errors import BadSampleError
@@ -61,8 +62,11 @@ def check_encoded(data: bytes) -> str:
 
 
 def decode_bgr(data: bytes) -> np.ndarray:
-    """Decode to an HxWx3 uint8 BGR array with OpenCV (PaddleOCR's convention for OCR)."""
-    check_encoded(data)
+    """Decode to an HxWx3 uint8 BGR array (PaddleOCR's convention for OCR): JPEGs with
+    libjpeg-turbo straight into numpy (simplejpeg, a fifth cheaper than cv2.imdecode on text
+    lines, and strict about corrupt data), everything else with OpenCV."""
+    if check_encoded(data) == "jpeg":
+        return _decode_jpeg(data, "BGR")
     image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None or image.size == 0:
         raise BadSampleError("undecodable_image", f"OpenCV could not decode {len(data)} bytes")
@@ -90,3 +94,49 @@ def load_pil_rgb(image: Image.Image) -> Image.Image:
     except Exception as exc:
         raise BadSampleError("undecodable_image", f"PIL failed to decode: {exc}") from exc
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG header without decoding, or None if it is not a JPEG that
+    libjpeg-turbo can read (the caller then decodes it another way, or reports it)."""
+    if sniff_format(data) != "jpeg":
+        return None
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    return width, height
+
+
+def decode_rgb(data: bytes, min_width: int = 0, min_height: int = 0) -> np.ndarray:
+    """Decode to an HxWx3 uint8 RGB array.
+
+    JPEGs go straight from libjpeg-turbo into numpy (simplejpeg): about 0.3 ms less per ImageNet
+    image than PIL, which feeds its decoder in chunks and converts afterwards. With ``min_width``
+    and ``min_height`` a JPEG is decoded at 1/2, 1/4 or 1/8 scale (reduced IDCT) when that still
+    leaves at least that many pixels; other reductions use libjpeg-turbo's slow generic IDCTs, so
+    they are never chosen. Grey and CMYK JPEGs come out as RGB too. Other formats go through PIL.
+    """
+    if check_encoded(data) != "jpeg":
+        return np.asarray(load_pil_rgb(open_pil(data)))
+    return _decode_jpeg(data, "RGB", min_width, min_height)
+
+
+def _decode_jpeg(data: bytes, colorspace: str, min_width: int = 0, min_height: int = 0):
+    """simplejpeg, strict: libjpeg's "corrupt data" warnings (a scan that ends early, bad
+    Huffman codes) raise instead of decoding grey rows, except the harmless "extraneous bytes
+    before marker" that some cameras write (a few ImageNet files have it), which PIL and OpenCV
+    accept too."""
+    options = {
+        "min_height": min_height,
+        "min_width": min_width,
+        "min_factor": 2 if (min_width > 0 or min_height > 0) else 1,
+    }
+    try:
+        return simplejpeg.decode_jpeg(data, colorspace, strict=True, **options)
+    except ValueError as exc:
+        text = str(exc)
+        if "extraneous bytes" in text:
+            return simplejpeg.decode_jpeg(data, colorspace, strict=False, **options)
+        kind = "truncated_image" if "premature end" in text.lower() else "undecodable_image"
+        raise BadSampleError(kind, f"libjpeg-turbo failed to decode: {text}") from exc

@@ -3,20 +3,26 @@
 Train: RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3)) + horizontal flip, with the
 crop drawn exactly as torchvision draws it. Eval: resize the shorter side to 256, center crop 224.
 
-Speed comes from doing less work, not from changing the augmentation: the crop is chosen from
-the JPEG header alone, then the JPEG is decoded at the largest DCT reduction (1/2, 1/4, 1/8) that
-still leaves the crop at least ``size`` pixels on its short side (PIL's ``draft``), and crop and
-resize are one resampling pass (``resize(box=...)``). No float work on the CPU.
+Where the time goes for a 500x375 quality-90 JPEG on one core of these hosts (profiled; figures in
+docs/benchmarks.md): libjpeg-turbo needs about 1.1 ms, most of it Huffman-decoding the whole scan,
+which no reduced-scale or crop-only decode avoids. torchvision's recipe spends about 3 ms more:
+PIL's decoder overhead, a PIL resample, float conversion and normalisation, four times the IPC
+bytes. So here everything but the decode is made cheap:
+- the crop is drawn from the JPEG header, before decoding;
+- the JPEG is decoded straight into numpy (simplejpeg), at 1/2, 1/4 or 1/8 DCT scale when the
+  crop still has at least ``size`` pixels on its short side (large images, Resize(256) in eval);
+- crop is a view, then ``resize`` below: a whole-factor box shrink and one bilinear pass;
+- flip is ``cv2.flip``; the output stays uint8 (normalisation happens on the device).
 """
 
 from __future__ import annotations
 
 import math
 
+import cv2
 import numpy as np
-from PIL import Image
 
-from datasets.decode import load_pil_rgb, open_pil
+from datasets.decode import decode_rgb, jpeg_size
 
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -49,25 +55,56 @@ def random_resized_crop_box(
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
 
 
+def _image_size(data: bytes) -> tuple[int, int, np.ndarray | None]:
+    """(width, height, pixels or None): JPEGs from their header alone, anything else decoded."""
+    size = jpeg_size(data)
+    if size is not None:
+        return size[0], size[1], None
+    pixels = decode_rgb(data)  # PNG and friends: no cheap header path, decode once here
+    return pixels.shape[1], pixels.shape[0], pixels
+
+
 def _decode_box_resized(
     data: bytes, box_for_size, out_size: int, rng: np.random.Generator | None
 ) -> np.ndarray:
-    """Decode only as much resolution as the crop needs, then crop+resize in one pass."""
-    image = open_pil(data)
-    width, height = image.size
+    """Decode only as much resolution as the crop needs, then crop (a view) and resize once."""
+    width, height, pixels = _image_size(data)
     left, top, crop_w, crop_h = box_for_size(width, height)
-    # Largest reduction s with crop_w/s >= out_size and crop_h/s >= out_size.
-    reduction = max(1.0, min(crop_w, crop_h) / out_size)
-    if reduction >= 2.0 and image.format == "JPEG":
-        image.draft("RGB", (math.ceil(width / reduction), math.ceil(height / reduction)))
-    image = load_pil_rgb(image)
-    sx, sy = image.size[0] / width, image.size[1] / height
-    box = (left * sx, top * sy, (left + crop_w) * sx, (top + crop_h) * sy)
-    out = image.resize((out_size, out_size), Image.BILINEAR, box=box)
+    if pixels is None:
+        # Largest reduction r with crop_w/r >= out_size and crop_h/r >= out_size.
+        reduction = min(crop_w, crop_h) / out_size
+        scaled = reduction >= 2.0
+        pixels = decode_rgb(
+            data,
+            min_width=math.ceil(width / reduction) if scaled else 0,
+            min_height=math.ceil(height / reduction) if scaled else 0,
+        )
+    sx, sy = pixels.shape[1] / width, pixels.shape[0] / height
+    x0, y0 = round(left * sx), round(top * sy)
+    x1 = max(x0 + 1, min(pixels.shape[1], round((left + crop_w) * sx)))
+    y1 = max(y0 + 1, min(pixels.shape[0], round((top + crop_h) * sy)))
+    out = resize(pixels[y0:y1, x0:x1], out_size)
     if rng is not None and rng.random() < 0.5:
-        # Flip in PIL: about 4x cheaper than copying a negative-stride numpy view, same pixels.
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.asarray(out, dtype=np.uint8)  # a fresh C-contiguous array
+        out = cv2.flip(out, 1)  # a new C-contiguous array, unlike a negative-stride view
+    return out
+
+
+def resize(crop: np.ndarray, size: int) -> np.ndarray:
+    """Resize an HxWx3 uint8 array to size x size: first shrink by the largest whole factor that
+    keeps both sides >= ``size`` (box filter: OpenCV's INTER_AREA fast path for whole factors,
+    and the antialiasing), then bilinear for the remaining factor below 2. Pillow's
+    ``reducing_gap`` works the same way. About 5x cheaper than PIL's or INTER_AREA's general
+    antialiased resample, whose cost is a third of the decode; what it gives up is the
+    antialiasing of that last factor below 2, which albumentations' and mmpretrain's
+    RandomResizedCrop (plain cv2 bilinear) give up entirely."""
+    height, width = crop.shape[:2]
+    factor = min(height, width) // size
+    if factor >= 2:
+        height, width = height // factor, width // factor
+        crop = cv2.resize(
+            crop[: height * factor, : width * factor], (width, height), interpolation=cv2.INTER_AREA
+        )
+    return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
 
 
 def train_transform(data: bytes, rng: np.random.Generator, size: int = 224) -> np.ndarray:

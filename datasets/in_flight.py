@@ -43,6 +43,7 @@ class InFlightTable:
         self._block = SharedBlock(path, 8 * 3 * SLOTS)
         self._slot: int | None = None
         self._slot_pid: int | None = None
+        self._row: np.ndarray | None = None  # this process's slot, a view into the table
 
     def _table(self) -> np.ndarray:
         return self._block.array(np.int64, 0, 3 * SLOTS).reshape(SLOTS, 3)
@@ -61,13 +62,19 @@ class InFlightTable:
         self._slot, self._slot_pid = slot, pid
         return slot
 
+    def _my_row(self) -> np.ndarray:
+        if self._row is None or self._slot_pid != os.getpid():
+            slot = self._my_slot()
+            self._row = self._table()[slot]
+        return self._row
+
     def start(self, index: int) -> None:
-        row = self._table()[self._my_slot()]
+        row = self._my_row()
         row[2] = time.monotonic_ns()
         row[1] = index
 
     def done(self) -> None:
-        self._table()[self._my_slot(), 1] = IDLE
+        self._my_row()[1] = IDLE
 
     def busy(self) -> list[tuple[int, int, float, bool]]:
         """(pid, sample index, seconds on it, process alive) for every busy slot."""
@@ -80,7 +87,7 @@ class InFlightTable:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_slot=None, _slot_pid=None)
+        state.update(_slot=None, _slot_pid=None, _row=None)
         return state
 
     def close(self) -> None:

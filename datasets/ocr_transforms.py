@@ -4,7 +4,9 @@ Conventions follow PaddleOCR's recognition pipeline so users can bring their dic
 LMDBs unchanged: a dictionary file holds one character per line (``ppocr_keys_v1.txt`` works),
 CTC class 0 is the blank, images are BGR, and a line is resized to the target height keeping its
 aspect ratio (capped at the target width), then padded on the right, as RecResizeImg does.
-We output uint8 C x H x W; normalization to [-1, 1] happens on the device.
+We output uint8 H x W x C, the layout OpenCV produces: the device transposes the batch to
+N x C x H x W as it normalizes to [-1, 1] (as for ResNet-50), so no worker spends time on a
+strided CHW copy or float math.
 """
 
 from __future__ import annotations
@@ -88,17 +90,19 @@ class CharDict:
 
 
 def resize_and_pad(image: np.ndarray, shape: tuple[int, int, int]) -> tuple[np.ndarray, float]:
-    """BGR HxWx3 -> uint8 CxHxW of ``shape``; returns (image, valid width ratio)."""
+    """BGR HxWx3 -> uint8 HxWxC for ``shape`` = (C, H, W); returns (image, valid width ratio)."""
     channels, height, width = shape
     h, w = image.shape[:2]
     resized_w = min(width, int(math.ceil(height * w / max(h, 1))))
     resized_w = max(resized_w, 1)
     resized = cv2.resize(image, (resized_w, height), interpolation=cv2.INTER_LINEAR)
     if channels == 1:
-        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2GRAY)[:, :, None]
-    out = np.full((channels, height, width), PAD_VALUE, dtype=np.uint8)
-    out[:, :, :resized_w] = resized.transpose(2, 0, 1)
-    return out, min(1.0, resized_w / width)
+        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2GRAY)
+    # One call that allocates the output and pads it: half the cost of filling then copying.
+    out = cv2.copyMakeBorder(
+        resized, 0, 0, 0, width - resized_w, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3
+    )
+    return (out[:, :, None] if channels == 1 else out), min(1.0, resized_w / width)
 
 
 def augment_text_line(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -134,13 +134,13 @@ def test_resnet18_overfits_one_batch(image_h5):
 def test_device_batches_normalize_ocr_images_and_keep_labels(ocr_lmdb):
     backend = started(ocr_config(ocr_lmdb))
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (2, 3, 6, 10), dtype=np.uint8)
+    images = rng.integers(0, 256, (2, 6, 10, 3), dtype=np.uint8)  # N, H, W, C
     labels = rng.integers(0, 60, (2, 25), dtype=np.int32)
     lengths = np.array([3, 7], dtype=np.int32)
     host = {"image": images, "label": labels, "length": lengths}
     (batch,) = backend.device_batches([{k: paddle.to_tensor(v) for k, v in host.items()}])
-    expected = (images.astype(np.float32) / 255 - 0.5) / 0.5
-    assert batch["image"].dtype == paddle.float32
+    expected = (images.transpose(0, 3, 1, 2).astype(np.float32) / 255 - 0.5) / 0.5
+    assert batch["image"].dtype == paddle.float32 and batch["image"].shape == [2, 3, 6, 10]
     np.testing.assert_allclose(batch["image"].numpy(), expected, rtol=1e-6, atol=1e-6)
     for key in ("label", "length"):
         np.testing.assert_array_equal(batch[key].numpy(), host[key])

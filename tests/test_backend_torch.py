@@ -155,10 +155,11 @@ def test_device_batches_normalize_and_keep_labels(task_data):
     pixels = host["image"].numpy()
     assert pixels.dtype == np.uint8  # uint8 all the way to the device
     if task == "ocr":
-        expected = (pixels.astype(np.float32) / 255 - 0.5) / 0.5  # [N, C, H, W] already
+        expected = (pixels.astype(np.float32) / 255 - 0.5) / 0.5
     else:
         mean, std = np.array(IMAGENET_MEAN), np.array(IMAGENET_STD)
-        expected = ((pixels / 255 - mean) / std).transpose(0, 3, 1, 2)  # NHWC -> NCHW
+        expected = (pixels / 255 - mean) / std
+    expected = expected.transpose(0, 3, 1, 2)  # both tasks: NHWC on the host, NCHW on the device
     image = batch["image"]
     assert image.dtype == torch.float32 and image.device.type == "cpu"
     assert tuple(image.shape) == expected.shape and image.is_contiguous()
@@ -377,7 +378,7 @@ backend.barrier()
 backend.build(num_classes=5, total_steps=4)
 rng = np.random.default_rng(info.rank)  # different data per rank; DDP keeps replicas equal
 host = {
-    "image": torch.from_numpy(rng.integers(0, 256, (2, 3, 16, 32), dtype=np.uint8)),
+    "image": torch.from_numpy(rng.integers(0, 256, (2, 16, 32, 3), dtype=np.uint8)),
     "label": torch.tensor([[1, 2, 3], [4, 3, 0]], dtype=torch.int32),
     "length": torch.tensor([3, 2], dtype=torch.int32),
 }

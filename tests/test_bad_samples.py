@@ -48,7 +48,7 @@ def test_every_kind_is_counted_exactly_and_substituted(corrupt_ocr, tmp_path, ca
     # A bad record is replaced by the next good one: batch shape and content stay defined.
     labels = [char_dict.decode(s["label"][: s["length"]]) for s in samples]
     assert labels[:3] == ["abc123", "xyz789", "Q9"] and labels[-1] == "Q9"
-    assert all(s["image"].shape == (3, 48, 320) for s in samples)
+    assert all(s["image"].shape == (48, 320, 3) for s in samples)
     # Logged once per key with its file and reason, even though substitutes met them again.
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 9 and all("key=image-0000000" in m and str(path) in m for m in messages)

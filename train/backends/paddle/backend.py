@@ -165,12 +165,12 @@ class PaddleBackend(Backend):
         return batch
 
     def _normalize(self, images: paddle.Tensor) -> paddle.Tensor:
-        """uint8 -> float32 on the device: OCR [N,C,H,W] to [-1, 1]; ResNet [N,H,W,3] to NCHW
-        with ImageNet mean/std."""
-        if self.config.task == "ocr":
-            return (images.astype("float32") / 255.0 - 0.5) / 0.5
+        """uint8 [N,H,W,C] -> float32 [N,C,H,W] on the device: OCR to [-1, 1], ResNet with
+        ImageNet mean/std."""
         # Transpose the uint8 batch: a quarter of the bytes of the float32 one.
         images = images.transpose([0, 3, 1, 2]).astype("float32")
+        if self.config.task == "ocr":
+            return images * (2.0 / 255.0) - 1.0  # (x / 255 - 0.5) / 0.5
         scale, shift = self._imagenet_stats()
         return images * scale + shift  # (x / 255 - mean) / std, as one multiply-add
 

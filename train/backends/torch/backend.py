@@ -156,15 +156,16 @@ class TorchBackend(Backend):
         return batch
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 -> float32 on the device: OCR [N,C,H,W] to [-1, 1]; ResNet [N,H,W,3] to
-        NCHW with ImageNet mean/std."""
-        if self.config.task == "ocr":
-            return images.float().div_(255.0).sub_(0.5).div_(0.5)
+        """uint8 [N,H,W,C] -> float32 [N,C,H,W] on the device: OCR to [-1, 1], ResNet with
+        ImageNet mean/std."""
         # permute() is a view: NHWC memory seen as NCHW is exactly the channels_last layout,
         # which cuDNN prefers on tensor-core GPUs, so no copy happens on CUDA.
         images = images.permute(0, 3, 1, 2).float()
-        mean, std = self._imagenet_stats()
-        images = images.div_(255.0).sub_(mean).div_(std)
+        if self.config.task == "ocr":
+            images = images.mul_(2.0 / 255.0).sub_(1.0)  # (x / 255 - 0.5) / 0.5
+        else:
+            mean, std = self._imagenet_stats()
+            images = images.div_(255.0).sub_(mean).div_(std)
         if self.device.type == "cuda":
             return images.contiguous(memory_format=torch.channels_last)
         return images.contiguous()  # the CPU kernels here are tuned for plain NCHW
