@@ -53,6 +53,15 @@ class DecodeOnly:
         return {"image": corner, "label": np.int64(label)}
 
 
+def epoch_length(spec: dict, size: int) -> int:
+    """Samples per epoch: the dataset's, or more when the trial asks for more batches than one
+    pass holds (the quick preset's small datasets), so steady-state speed is measured over a
+    window long enough to mean something. Every pipeline repeats its dataset the same way:
+    a sampler or thin wrapper over indices, never cached results."""
+    wanted = spec["batch_size"] * (spec["batches"] + 1) if spec.get("batches") else 0
+    return max(size, wanted)
+
+
 def _dataset_kwargs(spec: dict) -> dict:
     return {
         "cache": spec.get("cache", "none"),
@@ -71,7 +80,8 @@ def _torch_ours(spec: dict, decode_only: bool = False) -> Pipeline:
         dataset = RecordDataset(Hdf5ImageSource(spec["hdf5"]), DecodeOnly())
     else:
         dataset = build_image_dataset(spec["hdf5"], train=True, **_dataset_kwargs(spec))
-    sampler = EpochSampler(len(dataset), shuffle=True, seed=0)
+    # Positions past the end wrap around (RecordDataset reads position % len).
+    sampler = EpochSampler(epoch_length(spec, len(dataset)), shuffle=True, seed=0)
     loader = make_loader(
         dataset,
         sampler,
@@ -100,10 +110,12 @@ def _torchvision_ref(spec: dict) -> Pipeline:
         ]
     )
     dataset = datasets.ImageFolder(spec["folder"], transform=recipe)
+    # shuffle=True is a RandomSampler; num_samples > len(dataset) chains permutations.
+    sampler = torch.utils.data.RandomSampler(dataset, num_samples=epoch_length(spec, len(dataset)))
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=spec["batch_size"],
-        shuffle=True,
+        sampler=sampler,
         pin_memory=spec.get("pin", True),  # the reference always pins
         drop_last=True,
         **_loader_knobs(spec),
@@ -126,7 +138,7 @@ def _paddle_ours_ocr(spec: dict) -> Pipeline:
         max_text_length=MAX_TEXT_LENGTH,
         **_dataset_kwargs(spec),
     )
-    sampler = EpochSampler(len(dataset), shuffle=True, seed=0)
+    sampler = EpochSampler(epoch_length(spec, len(dataset)), shuffle=True, seed=0)
     batches = EpochBatchSampler(sampler, spec["batch_size"], drop_last=True)
     knobs = _loader_knobs(spec)
     loader = make_loader(
@@ -143,6 +155,21 @@ def _paddle_ours_ocr(spec: dict) -> Pipeline:
         return iter(loader)
 
     return Pipeline(epoch, dataset.close)
+
+
+def _repeated(dataset, spec: dict):
+    """``dataset`` with indices past its end wrapping around (paddle's RandomSampler cannot
+    draw more than one permutation); one extra Python call per sample."""
+    import paddle
+
+    class Repeated(paddle.io.Dataset):
+        def __len__(self) -> int:
+            return epoch_length(spec, len(dataset))
+
+        def __getitem__(self, index: int):
+            return dataset[index % len(dataset)]
+
+    return Repeated()
 
 
 def _paddleocr_peer(spec: dict) -> Pipeline:
@@ -171,7 +198,7 @@ def _paddleocr_peer(spec: dict) -> Pipeline:
             "loader": {"shuffle": True, "batch_size_per_card": spec["batch_size"]},
         },
     }
-    dataset = LMDBDataSet(config, "Train", logging.getLogger("ppocr"))
+    dataset = _repeated(LMDBDataSet(config, "Train", logging.getLogger("ppocr")), spec)
     batch_sampler = paddle.io.BatchSampler(
         dataset=dataset, batch_size=spec["batch_size"], shuffle=True, drop_last=True
     )
@@ -185,7 +212,19 @@ def _paddleocr_peer(spec: dict) -> Pipeline:
         use_shared_memory=spec.get("shm", True),
         return_list=True,
     )
-    return Pipeline(lambda e: iter(loader))
+
+    def epoch(e: int) -> Iterator:
+        # A trial stops after its batches, mid-epoch. Paddle's iterator only stops its workers
+        # at the end of an epoch (its reader thread keeps it alive past `del`), so do what the
+        # end of an epoch does; otherwise every trial leaves two workers behind in this child.
+        iterator = iter(loader)
+        try:
+            yield from iterator
+        finally:
+            if not getattr(iterator, "_shutdown", True):
+                iterator._try_shutdown_all()
+
+    return Pipeline(epoch)
 
 
 BUILDERS: dict[str, Callable[[dict], Pipeline]] = {
