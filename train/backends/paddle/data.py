@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,8 +37,26 @@ _load_system_zlib()  # must run before `import paddle` below
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
+import paddle.io.dataloader.dataloader_iter as _paddle_loader_iter  # noqa: E402
 
 from datasets.sampler import EpochBatchSampler, EpochSampler  # noqa: E402
+
+
+class _ShortPolls:
+    """Paddle 2.6's loader iterator uses ``time`` only to poll: with persistent workers, every
+    epoch start (``_reset``) waits for its workers in ``time.sleep(0.5)`` steps, so each epoch
+    began at least 0.5 s late (measured: epoch 2's first batch 0.55 s vs 0.10 s for epoch 1).
+    Polling every 2 ms keeps the same loops and conditions, without the dead time."""
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(min(seconds, 0.002))
+
+
+_paddle_loader_iter.time = _ShortPolls()
 
 ZLIB_DOC = "docs/paddle_png_zlib.md"
 
