@@ -277,6 +277,12 @@ def test_k8s_training_jobs(manifests):
     assert (
         launch and int(launch[0].split("=")[1]) == paddle["resources"]["limits"]["nvidia.com/gpu"]
     )
+    for kind, doc in kinds.items():
+        # Restarts are allowed only because every pod runs the same restart-safe command.
+        if doc["spec"]["runPolicy"].get("backoffLimit", 0) > 0:
+            for role, replica in pod_specs(doc).items():
+                args = replica["template"]["spec"]["containers"][0]["args"]
+                assert "--auto-resume" in args, f"{kind} {role}: restarts need --auto-resume"
 
 
 def test_k8s_pods(manifests):

@@ -186,6 +186,31 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, ocr_lmdb, image_h5
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_auto_resume_is_one_command_for_the_first_start_and_every_restart(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    """What a Kubernetes restart does: the same command, --auto-resume, runs again after the
+    pod was stopped (SIGTERM). The first start has no checkpoint and starts fresh."""
+    cmd = [
+        *train_cmd(
+            task, framework, tmp_path / "run", SETTINGS, ocr_lmdb=ocr_lmdb, image_h5=image_h5
+        ),
+        "--auto-resume",
+    ]
+    first = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for_step(tmp_path / "run", first, 5)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=120) == 143
+    assert "no checkpoint in" in first.stderr.read()  # started fresh
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == STEPS
+
+
 def _has(module: str) -> bool:
     import importlib.util
 

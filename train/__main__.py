@@ -52,6 +52,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     group.add_argument(
+        "--auto-resume",
+        action="store_true",
+        help="continue from the latest checkpoint if there is one, else start a new run "
+        "(for jobs that restart: Kubernetes backoffLimit, compose restart policies)",
+    )
+    group.add_argument(
         "--overwrite", action="store_true", help="delete an existing run directory and start over"
     )
     return parser.parse_args(argv)
@@ -96,7 +102,9 @@ def setup_logging(run_dir: Path | None, is_main: bool) -> None:
 def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
     from train import checkpoint
 
-    if checkpoint.latest(run_dir) is not None and not (args.resume or args.overwrite):
+    if checkpoint.latest(run_dir) is not None and not (
+        args.resume or args.auto_resume or args.overwrite
+    ):
         raise SystemExit(
             f"error: {run_dir} already holds a run. HINT: pass --resume to continue it, "
             "--overwrite to start over, or --output-dir for a new run"
@@ -104,6 +112,17 @@ def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
     if args.overwrite and is_main and run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def should_auto_resume(run_dir: Path) -> bool:
+    """--auto-resume: resume when the run directory holds a complete checkpoint. Every rank
+    decides from the same (shared) run directory after the barrier, so they agree."""
+    from train import checkpoint
+
+    found = checkpoint.latest(run_dir)
+    if found is None:
+        log.info("--auto-resume: no checkpoint in %s yet, starting a new run", run_dir)
+    return found is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(None, dist.is_main)
     prepare_run_dir(run_dir, args, dist.is_main)
     backend.barrier()
+    resume = args.resume or (args.auto_resume and should_auto_resume(run_dir))
     setup_logging(run_dir, dist.is_main)
     if dist.is_main:
         save_resolved(config, run_dir)
@@ -152,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     data = None
     try:
         data = build_run_data(config, run_dir)
-        summary = loop.train(config, backend, dist, data, run_dir, args.resume, workers)
+        summary = loop.train(config, backend, dist, data, run_dir, resume, workers)
     except loop.StopRequested as exc:
         log.warning("%s; continue with --resume", exc)
         return 130 if "SIGINT" in str(exc) else 143
@@ -163,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CHECKPOINT
     except Exception as exc:
+        # The loaders' SIGCHLD handlers (torch's raises) fire again for every further worker
+        # exit, anywhere in this block; we are failing anyway, so restore the default first.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         too_many = data.train.bad_log.exceeded() if data is not None else None
         if too_many:  # raised in a worker; Paddle's own error does not carry the message
             print(f"error: {too_many}", file=sys.stderr)
@@ -170,9 +193,6 @@ def main(argv: list[str] | None = None) -> int:
         if "TooManyBadSamplesError" in str(exc) or "DatasetError" in str(exc):
             print(f"error: {one_line(exc)}", file=sys.stderr)  # raised inside a worker
             return EXIT_DATA
-        # The loader's SIGCHLD handler (torch) raises again for every further worker exit while
-        # we report; we are failing anyway, so restore the default before printing.
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         culprits = worker_report(data)
         if culprits:
             print(f"error: data loader failed: {one_line(exc)}", file=sys.stderr)
