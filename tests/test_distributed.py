@@ -22,11 +22,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.torch
-def test_torchrun_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
-    out = tmp_path / "run"
-    sets = [
-        "framework=torch",
+def two_rank_settings(framework: str, task: str, ocr_lmdb, image_h5) -> list[str]:
+    """Six steps, a checkpoint and an evaluation at step 6, one loader worker per rank."""
+    return [
+        f"framework={framework}",
         "train.max_steps=6",
         "train.log_every=2",
         "train.eval_every=6",
@@ -34,8 +33,14 @@ def test_torchrun_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
         "loader.num_workers=1",
         "loader.batch_size=4",
         "optim.warmup_steps=1",
-        *data_overrides("resnet50", ocr_lmdb, image_h5),
+        *data_overrides(task, ocr_lmdb, image_h5),
     ]
+
+
+@pytest.mark.torch
+def test_torchrun_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
+    out = tmp_path / "run"
+    sets = two_rank_settings("torch", "resnet50", ocr_lmdb, image_h5)
     cmd = [
         sys.executable,
         "-m",
@@ -78,17 +83,7 @@ def test_paddle_launch_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
     if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
         pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
     out, logs = tmp_path / "run", tmp_path / "logs"
-    sets = [
-        "framework=paddle",
-        "train.max_steps=6",
-        "train.log_every=2",
-        "train.eval_every=6",
-        "train.checkpoint_every=6",
-        "loader.num_workers=1",
-        "loader.batch_size=4",
-        "optim.warmup_steps=1",
-        *data_overrides("ocr", ocr_lmdb, image_h5),
-    ]
+    sets = two_rank_settings("paddle", "ocr", ocr_lmdb, image_h5)
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
     cmd += ["--log_dir", str(logs), "train/__main__.py", "--config", "configs/ocr/smoke.yaml"]
     cmd += ["--output-dir", str(out)]
