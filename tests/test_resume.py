@@ -62,6 +62,9 @@ def assert_exits(process: psutil.Process, timeout: float) -> None:
     except psutil.NoSuchProcess:
         return
     except psutil.TimeoutExpired:
+        with contextlib.suppress(psutil.Error):
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return  # dead; only waiting for whoever adopted it to reap it
         with contextlib.suppress(psutil.Error, OSError):
             info = process.as_dict(["pid", "ppid", "name", "status", "cmdline", "num_threads"])
             stack = (
