@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train import ROOT, data_overrides
+from tests.test_train import ROOT, data_overrides, set_args
 
 
 def free_port() -> int:
@@ -58,8 +58,7 @@ def test_torchrun_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
         "--output-dir",
         str(out),
     ]
-    for item in sets:
-        cmd += ["--set", item]
+    cmd += set_args(sets)
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "2 rank(s)" in result.stderr
@@ -87,8 +86,7 @@ def test_paddle_launch_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
     cmd += ["--log_dir", str(logs), "train/__main__.py", "--config", "configs/ocr/smoke.yaml"]
     cmd += ["--output-dir", str(out)]
-    for item in sets:
-        cmd += ["--set", item]
+    cmd += set_args(sets)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
     env["PYTHONPATH"] = str(ROOT)
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

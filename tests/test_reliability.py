@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.corrupt import write_charset, write_corrupt_lmdb
-from tests.test_train import ROOT
+from tests.test_train import ROOT, set_args
 
 FRAMEWORKS = [
     pytest.param("paddle", marks=pytest.mark.paddle),
@@ -71,8 +71,7 @@ def _train(framework, data, out, *extra):
         "--output-dir",
         str(out),
     ]
-    for item in sets:
-        cmd += ["--set", item]
+    cmd += set_args(sets)
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 

@@ -37,6 +37,11 @@ def data_overrides(task: str, ocr_lmdb: Path, image_h5: Path) -> list[str]:
     ]
 
 
+def set_args(items) -> list[str]:
+    """["--set", item, "--set", item, ...] for python -m train."""
+    return [arg for item in items for arg in ("--set", item)]
+
+
 def train_cmd(task, framework, out, extra=(), ocr_lmdb=None, image_h5=None) -> list[str]:
     sets = [f"framework={framework}", *FAST, *data_overrides(task, ocr_lmdb, image_h5), *extra]
     cmd = [
@@ -48,9 +53,7 @@ def train_cmd(task, framework, out, extra=(), ocr_lmdb=None, image_h5=None) -> l
         "--output-dir",
         str(out),
     ]
-    for item in sets:
-        cmd += ["--set", item]
-    return cmd
+    return cmd + set_args(sets)
 
 
 def run_train(*args, **kwargs) -> subprocess.CompletedProcess:

@@ -152,6 +152,14 @@ class LoaderConfig:
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever
     drop_last: bool = True
 
+    def batching(self, train: bool) -> tuple[int, bool]:
+        """(batch size, drop last) for a train or an evaluation loader: evaluation uses
+        eval_batch_size when set and never drops the last partial batch (every validation
+        sample counts)."""
+        if train:
+            return self.batch_size, self.drop_last
+        return self.eval_batch_size or self.batch_size, False
+
 
 @dataclass(frozen=True, kw_only=True)
 class ShmConfig:

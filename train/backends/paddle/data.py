@@ -354,12 +354,10 @@ def make_loader_from_config(
     train: bool,
     places=None,
 ) -> PaddleLoader:
-    """make_loader with a train.config.LoaderConfig. Evaluation uses eval_batch_size (when set)
-    and never drops the last partial batch: every validation sample counts."""
-    batch_size = loader_config.batch_size
-    if not train and loader_config.eval_batch_size is not None:
-        batch_size = loader_config.eval_batch_size
-    batch_sampler = EpochBatchSampler(sampler, batch_size, loader_config.drop_last and train)
+    """make_loader with a train.config.LoaderConfig (batch size and drop_last from its
+    ``batching(train)``)."""
+    batch_size, drop_last = loader_config.batching(train)
+    batch_sampler = EpochBatchSampler(sampler, batch_size, drop_last)
     return make_loader(
         dataset,
         batch_sampler,

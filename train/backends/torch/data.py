@@ -79,12 +79,10 @@ def make_loader_from_config(
 ) -> DataLoader:
     """make_loader with every knob of a train.config.LoaderConfig.
 
-    Evaluation uses eval_batch_size (when set) and never drops the last partial batch: every
-    validation sample counts. pin_memory is the caller's decision (only useful with a GPU).
+    Batch size and drop_last come from ``loader_config.batching(train)``. pin_memory is the
+    caller's decision (only useful with a GPU).
     """
-    batch_size = loader_config.batch_size
-    if not train and loader_config.eval_batch_size is not None:
-        batch_size = loader_config.eval_batch_size
+    batch_size, drop_last = loader_config.batching(train)
     return make_loader(
         dataset,
         sampler,
@@ -95,6 +93,6 @@ def make_loader_from_config(
         pin_memory=pin_memory,
         multiprocessing_context=loader_config.multiprocessing_context,
         timeout_s=loader_config.timeout_s,
-        drop_last=loader_config.drop_last and train,
+        drop_last=drop_last,
         seed=seed,
     )
