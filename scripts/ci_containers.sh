@@ -5,17 +5,20 @@
 #   scripts/ci_containers.sh            # as root; installs podman & co. itself
 #
 #   1. install      apt: podman runc debootstrap ...; pip: podman-compose 1.6.0 (own venv)
-#   2. rootfs       debootstrap --variant=minbase bookworm, imported as a podman image
-#   3. stand-ins    CPU stand-ins for the GPU base images (docker/standin.Dockerfile):
+#   2. storage      untag this script's images of an earlier run (unless CI_KEEP=1), prune the
+#                   untagged ones, then check podman's storage has room for a cold build
+#   3. rootfs       debootstrap --variant=minbase bookworm, imported as a podman image
+#   4. stand-ins    CPU stand-ins for the GPU base images (docker/standin.Dockerfile):
 #                   python 3.11 + paddlepaddle==2.6.2 / torch==2.6.0 torchvision==0.21.0
-#   4. images       docker/paddle.Dockerfile and docker/torch.Dockerfile, --build-arg BASE_IMAGE=
-#   5. smoke        compose services smoke-paddle / smoke-torch (compose.yaml + compose.cpu.yaml):
+#   5. images       docker/paddle.Dockerfile and docker/torch.Dockerfile, --build-arg BASE_IMAGE=
+#   6. smoke        compose services smoke-paddle / smoke-torch (compose.yaml + compose.cpu.yaml):
 #                   /dev/shm inside == the compose file's shm_size, then the pytest subset
-#   6. compose      `podman-compose up train-ocr` with compose.cpu.yaml on the OCR smoke config:
+#   7. compose      `podman-compose up train-ocr` with compose.cpu.yaml on the OCR smoke config:
 #                   data-ocr writes synthetic data into a named volume, train-ocr trains from it
 #                   read-only and leaves summary.json in the runs volume
 #
-# Prints PASS/FAIL and the time of each step, and a summary; exit 1 if any step failed.
+# Prints PASS/FAIL and the time of each step, and a summary; exit 1 if any step failed. The
+# images replaced by this run are pruned at its end, so a CI host's storage holds one set.
 # Logs: .cache/ci-containers/logs/. The real GPU bases stay the Dockerfiles' defaults.
 # Knobs: CI_KEEP=1 keeps the stand-in/rootfs images of an earlier run (faster reruns);
 #        PIP_CACHE_DIR (default ~/.cache/pip, shared with `make setup`) is mounted into the
@@ -98,7 +101,46 @@ install_tools() {
     "${PODMAN[@]}" --version && "$WORK/venv/bin/podman-compose" --version
 }
 
-# ---------------------------------------------------------------- 2. rootfs
+# ---------------------------------------------------------------- 2. storage
+# A cold run replaces every image below. The replaced ones stay in podman's storage, untagged,
+# until something prunes them: ~9 GB a run, most of it torch's CUDA wheels (PyPI has no CPU
+# build of torch 2.6.0). A CI host that keeps its storage between runs filled its disk that
+# way, and failed while committing the torch stand-in's 5.4 GB layer, which podman first
+# writes whole to a temporary file (image_copy_tmp_dir, /var/tmp by default).
+OUR_IMAGES=("$PADDLE_IMAGE" "$TORCH_IMAGE" "$STANDIN_PADDLE" "$STANDIN_TORCH" "$ROOTFS_IMAGE")
+# A cold build's peak, at the torch stand-in's commit, was 21 GB over the free space before it
+# (df every 5 s; /var/tmp on the same file system). Kept images (CI_KEEP=1) need a few GB.
+COLD_BUILD_GB=24
+LAYER_TMP_GB=6    # torch's stand-in layer, written whole to the temporary directory
+
+free_gb() { df --output=avail -B1G "$1" | tail -n 1 | tr -d ' '; }
+
+prune_images() { "${PODMAN[@]}" image prune -f > /dev/null; }
+
+make_room() {
+    if [[ "${CI_KEEP:-0}" != 1 ]]; then
+        # Untag first: podman keeps the layers of tagged images; prune then drops them.
+        local image
+        for image in "${OUR_IMAGES[@]}"; do
+            "${PODMAN[@]}" image exists "$image" && "${PODMAN[@]}" untag "$image" "$image"
+        done
+    fi
+    compose down -v > /dev/null 2>&1  # containers of an interrupted run hold their images
+    prune_images || return 1
+    local store tmp need=$COLD_BUILD_GB
+    store=$("${PODMAN[@]}" info --format '{{.Store.GraphRoot}}') || return 1
+    tmp="${TMPDIR:-/var/tmp}"
+    [[ "${CI_KEEP:-0}" == 1 ]] && "${PODMAN[@]}" image exists "$STANDIN_TORCH" && need=4
+    echo "free: $(free_gb "$store") GB in $store (need $need), $(free_gb "$tmp") GB in $tmp" \
+         "(need $LAYER_TMP_GB)"
+    if [[ $(free_gb "$store") -lt $need || $(free_gb "$tmp") -lt $LAYER_TMP_GB ]]; then
+        echo "not enough disk for the images: free space on those file systems (podman" \
+             "system df shows what podman holds), or point TMPDIR at a larger one."
+        return 1
+    fi
+}
+
+# ---------------------------------------------------------------- 3. rootfs
 make_rootfs() {
     if [[ "${CI_KEEP:-0}" == 1 ]] && podman image exists "$ROOTFS_IMAGE"; then
         echo "kept $ROOTFS_IMAGE"; return 0
@@ -110,7 +152,7 @@ make_rootfs() {
         && rm -rf "$dir"
 }
 
-# ---------------------------------------------------------------- 3. stand-in bases
+# ---------------------------------------------------------------- 4. stand-in bases
 build_standin() {  # TAG "FRAMEWORK PINS"
     if [[ "${CI_KEEP:-0}" == 1 ]] && podman image exists "$1"; then echo "kept $1"; return 0; fi
     local empty="$WORK/empty-context"
@@ -132,14 +174,14 @@ build_standins() {  # both at once: torch is download-bound, paddle mostly too
     [[ $rc_paddle -eq 0 && $rc_torch -eq 0 ]]
 }
 
-# ---------------------------------------------------------------- 4. project images
+# ---------------------------------------------------------------- 5. project images
 build_image() {  # Dockerfile BASE TAG
     "${PODMAN[@]}" build --format docker --network host "${RUN_LIMITS[@]}" \
         -v "$HOST_CA:$HOST_CA:ro" --build-arg BASE_IMAGE="$2" \
         -f "$1" -t "$3" "$ROOT"
 }
 
-# ---------------------------------------------------------------- 5./6. compose
+# ---------------------------------------------------------------- 6./7. compose
 compose() {
     # nproc: podman's default is above this host's hard limit (runc: "error setting rlimit type 6")
     "$WORK/venv/bin/podman-compose" --podman-args="--runtime runc" \
@@ -181,6 +223,7 @@ compose_train_ocr() {
 }
 
 step install install_tools || { summary; exit 1; }
+step storage make_room || { summary; exit 1; }
 step rootfs make_rootfs || { summary; exit 1; }
 step standin-bases build_standins || { summary; exit 1; }
 step image-paddle build_image docker/paddle.Dockerfile "$STANDIN_PADDLE" "$PADDLE_IMAGE"
@@ -189,5 +232,6 @@ podman image exists "$PADDLE_IMAGE" && step smoke-paddle smoke smoke-paddle
 podman image exists "$TORCH_IMAGE" && step smoke-torch smoke smoke-torch
 podman image exists "$PADDLE_IMAGE" && step compose-train-ocr compose_train_ocr
 compose down > /dev/null 2>&1
+prune_images  # the images this run replaced
 summary
 exit $FAILED
