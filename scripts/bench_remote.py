@@ -41,10 +41,10 @@ def make_lmdb(path: Path, megabytes: int) -> int:
 
 def timed_stage(url: str, cache: Path, new_client: bool = True) -> float:
     """Seconds until stage() returns a usable path (by default with a client built anew)."""
-    from datasets import remote
+    from datasets import remote, s3_objects
 
     if new_client:
-        remote._FS_CACHE.clear()  # a new training process has no client yet
+        s3_objects.drop_clients()  # a new training process has no client yet
     started = time.perf_counter()
     local = remote.stage(url, cache)
     elapsed = time.perf_counter() - started

@@ -192,7 +192,7 @@ def test_unreachable_server_fails_fast_and_clearly(
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     started = time.monotonic()
     with (
-        caplog.at_level(logging.WARNING, "datasets.remote"),
+        caplog.at_level(logging.WARNING, "datasets"),
         pytest.raises(RemoteStorageError) as err,
     ):
         stage("s3://bucket/ds", tmp_path, retries=3, backoff_s=0.05, timeout_s=2.0)
@@ -218,7 +218,7 @@ def test_wrong_credentials_are_named_and_not_retried(
     monkeypatch.setenv(variable, value)
     for url in (f"s3://{bucket}/ds", f"s3://{bucket}/x.h5"):
         s3.clear_requests()
-        quiet = caplog.at_level(logging.WARNING, "datasets.remote")
+        quiet = caplog.at_level(logging.WARNING, "datasets")
         with quiet, pytest.raises(RemoteStorageError, match=code) as err:
             stage(url, tmp_path, retries=5, backoff_s=1.0)
         assert "AWS_ACCESS_KEY_ID" in err.value.hint and "AWS_SECRET_ACCESS_KEY" in err.value.hint
