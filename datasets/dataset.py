@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 import numpy as np
 
@@ -205,25 +205,46 @@ class ImageClassTransform:
         return {"image": image, "label": np.int64(label)}
 
 
-def _policy_parts(
+class SamplePolicy(TypedDict, total=False):
+    """What both dataset builders take besides the data and its transform (defaults: below)."""
+
+    max_bad_fraction: float  # bad samples tolerated before the run stops (0.01)
+    bad_keys_file: str | Path | None  # where bad keys are recorded (None: nowhere)
+    skip_keys_file: str | Path | None  # keys a previous run found bad, left out of the index
+    cache: str  # none | memory | disk
+    cache_max_bytes: int
+    cache_dir: str | Path  # for cache: disk
+    state_dir: str | Path | None  # the bad-sample counters shared by workers
+
+
+def _record_dataset(
     source,
+    transform,
     path,
-    max_bad_fraction,
-    bad_keys_file,
-    skip_keys_file,
-    cache_mode,
-    cache_max_bytes,
-    cache_dir,
-    state_dir,
-):
+    seed: int,
+    *,
+    max_bad_fraction: float = 0.01,
+    bad_keys_file=None,
+    skip_keys_file=None,
+    cache: str = "none",
+    cache_max_bytes: int = 1 << 30,
+    cache_dir: str | Path = ".cache/data",
+    state_dir=None,
+) -> RecordDataset:
+    if cache not in ("none", "memory", "disk"):
+        raise DatasetError(f"unknown cache mode {cache!r}", "use none, memory or disk")
     bad_log = BadSampleLog(len(source), max_bad_fraction, bad_keys_file, state_dir)
-    cache = None
-    if cache_mode not in ("none", "memory", "disk"):
-        raise DatasetError(f"unknown cache mode {cache_mode!r}", "use none, memory or disk")
-    if cache_mode != "none":
-        cache = SharedRecordCache(cache_mode, len(source), cache_max_bytes, str(path), cache_dir)
-    skip = read_bad_keys(skip_keys_file) if skip_keys_file else []
-    return {"bad_log": bad_log, "cache": cache, "skip_keys": skip}
+    shared_cache = None
+    if cache != "none":
+        shared_cache = SharedRecordCache(cache, len(source), cache_max_bytes, str(path), cache_dir)
+    return RecordDataset(
+        source,
+        transform,
+        bad_log=bad_log,
+        cache=shared_cache,
+        skip_keys=read_bad_keys(skip_keys_file) if skip_keys_file else [],
+        seed=seed,
+    )
 
 
 def build_ocr_dataset(
@@ -235,30 +256,13 @@ def build_ocr_dataset(
     image_shape=(3, 48, 320),
     max_text_length: int = 25,
     augment: bool = True,
-    max_bad_fraction: float = 0.01,
-    bad_keys_file=None,
-    skip_keys_file=None,
-    cache: str = "none",
-    cache_max_bytes: int = 1 << 30,
-    cache_dir: str = ".cache/data",
-    state_dir=None,
+    **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
     from datasets.lmdb_ocr import LmdbOcrSource
 
     source = LmdbOcrSource(path)
     transform = OcrTransform(char_dict, image_shape, max_text_length, augment and train)
-    parts = _policy_parts(
-        source,
-        path,
-        max_bad_fraction,
-        bad_keys_file,
-        skip_keys_file,
-        cache,
-        cache_max_bytes,
-        cache_dir,
-        state_dir,
-    )
-    return RecordDataset(source, transform, seed=seed, **parts)
+    return _record_dataset(source, transform, path, seed, **policy)
 
 
 def build_image_dataset(
@@ -268,28 +272,11 @@ def build_image_dataset(
     seed: int = 0,
     image_size: int = 224,
     eval_resize: int = 256,
-    max_bad_fraction: float = 0.01,
-    bad_keys_file=None,
-    skip_keys_file=None,
-    cache: str = "none",
-    cache_max_bytes: int = 1 << 30,
-    cache_dir: str = ".cache/data",
-    state_dir=None,
+    **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
     from datasets.hdf5_images import Hdf5ImageSource
     from datasets.image_folder import ImageFolderSource
 
     source = ImageFolderSource(path) if Path(path).is_dir() else Hdf5ImageSource(path)
     transform = ImageClassTransform(len(source.class_names), train, image_size, eval_resize)
-    parts = _policy_parts(
-        source,
-        path,
-        max_bad_fraction,
-        bad_keys_file,
-        skip_keys_file,
-        cache,
-        cache_max_bytes,
-        cache_dir,
-        state_dir,
-    )
-    return RecordDataset(source, transform, seed=seed, **parts)
+    return _record_dataset(source, transform, path, seed, **policy)

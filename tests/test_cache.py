@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from datasets.dataset import build_image_dataset, build_ocr_dataset
+from datasets.errors import DatasetError
 from datasets.ocr_transforms import CharDict
+
+
+def test_unknown_cache_mode_is_named_with_the_choices(image_h5, tmp_path):
+    with pytest.raises(DatasetError, match="unknown cache mode 'ram'") as err:
+        build_image_dataset(image_h5, train=False, cache="ram", state_dir=tmp_path)
+    assert "none, memory or disk" in err.value.hint
 
 
 @pytest.mark.parametrize("mode", ["memory", "disk"])
