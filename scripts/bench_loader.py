@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Input-pipeline benchmark: ours against torchvision's recipe, a full-decode ceiling and
+r"""Input-pipeline benchmark: ours against torchvision's recipe, a full-decode ceiling and
 PaddleOCR's LMDBDataSet; loader knobs, cold start, IPC bytes, data stall.
 
   .venv-torch/bin/python scripts/bench_loader.py --preset quick \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convert existing datasets into the project's formats (atomic; never overwrites silently).
+r"""Convert existing datasets into the project's formats (atomic; never overwrites silently).
 
   python scripts/convert.py paddleocr-labels --labels train_list.txt --data-dir images/ \
       --out data/my_ocr/train

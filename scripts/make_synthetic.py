@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Generate synthetic datasets that a model can learn from.
+r"""Generate synthetic datasets that a model can learn from.
 
   python scripts/make_synthetic.py ocr --out data/synth_ocr --num 6000 --seed 0
   python scripts/make_synthetic.py imagenet --out data/synth_imagenet/train.h5 --num 2000 \

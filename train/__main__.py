@@ -1,4 +1,4 @@
-"""Train the OCR recognizer or ResNet-50 with PaddlePaddle or PyTorch, from one YAML config.
+r"""Train the OCR recognizer or ResNet-50 with PaddlePaddle or PyTorch, from one YAML config.
 
     python -m train --config configs/ocr/smoke.yaml
     python -m train --config configs/resnet50/smoke.yaml --set framework=paddle
@@ -32,6 +32,8 @@ log = logging.getLogger("train")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from train.config import add_overrides_argument
+
     parser = argparse.ArgumentParser(
         prog="python -m train",
         description=__doc__,
@@ -40,14 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--config", required=True, help="scenario YAML, e.g. configs/ocr/smoke.yaml"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set loader.num_workers=4 (repeatable)",
-    )
+    add_overrides_argument(parser)
     parser.add_argument("--output-dir", help="run directory (default: output.dir of the config)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")

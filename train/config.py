@@ -672,19 +672,24 @@ def usable_cores() -> int:
     return cores
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m train.config", description="Check a config and print it fully resolved."
-    )
-    parser.add_argument("config", help="scenario YAML, e.g. configs/ocr/smoke.yaml")
+def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` (repeatable) into ``args.overrides``, as :func:`load_config` takes."""
     parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override one value, e.g. --set loader.num_workers=4 (repeatable)",
+        help="override a config value, e.g. --set loader.num_workers=4 (repeatable)",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m train.config", description="Check a config and print it fully resolved."
+    )
+    parser.add_argument("config", help="scenario YAML, e.g. configs/ocr/smoke.yaml")
+    add_overrides_argument(parser)
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
