@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,25 @@ def test_doctor_fails_shm_under_docker_default_and_passes_with_large_shm(tmp_pat
     assert "fix: give the container more shared memory: shm_size: 8g" in small.stdout
     large = _doctor(8192, tmp_path)
     assert _shm_line(large.stdout).startswith("PASS")
+
+
+def test_stale_batches_are_old_files_of_dead_paddle_processes_only(tmp_path):
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead, alive, hour_ago = finished.pid, os.getpid(), time.time() - 3600
+    files = {
+        f"paddle_{dead}_3_77": (4096, hour_ago),  # the only stale one
+        f"paddle_{dead}_4_78": (10, None),  # young: its batch may still be taken
+        f"paddle_{alive}_5_79": (10, hour_ago),  # creator alive (e.g. Paddle's shm cache)
+        f"torch_{dead}_6_80": (10, hour_ago),  # not Paddle's
+        f"paddle_{dead}_x": (10, hour_ago),  # not Paddle's pattern
+    }
+    for name, (size, mtime) in files.items():
+        (tmp_path / name).write_bytes(b"\0" * size)
+        if mtime is not None:
+            os.utime(tmp_path / name, (mtime, mtime))
+    stale = preflight.stale_batches(str(tmp_path))
+    assert [p.name for p in stale.paths] == [f"paddle_{dead}_3_77"] and stale.bytes == 4096
+    assert preflight.remove_stale_batches(str(tmp_path)) == 4096
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(files) - {stale.paths[0].name})
+    assert preflight.stale_batches(str(tmp_path / "missing")).paths == []

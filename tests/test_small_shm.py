@@ -69,3 +69,38 @@ def test_policy_adapt_finishes_with_a_loud_warning(framework, tmp_path, ocr_lmdb
     assert "shm.policy=adapt: continuing with prefetch_factor=1" in result.stderr
     assert "EXPECT SLOWER INPUT" in result.stderr
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tmp_path, image_h5):
+    """/dev/shm holds 50 MB that a killed Paddle run left behind. Without the sweep this run
+    (needs ~33 MB) would stop with exit 5. A young file and one of a live process stay."""
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead = finished.pid
+    fits_when_clean = [x for x in OVERFLOW if not x.startswith("loader.prefetch_factor")]
+    cmd = train_cmd("resnet50", framework, tmp_path / "run", fits_when_clean, image_h5=image_h5)
+    plant = " && ".join(
+        [
+            f"head -c 50M /dev/zero > /dev/shm/paddle_{dead}_7_11",
+            f"touch -d '1 hour ago' /dev/shm/paddle_{dead}_7_11",
+            f"head -c 1M /dev/zero > /dev/shm/paddle_{dead}_8_12",  # young: may be in flight
+            "head -c 1M /dev/zero > /dev/shm/paddle_1_9_13",  # pid 1 is alive
+            "touch -d '1 hour ago' /dev/shm/paddle_1_9_13",
+        ]
+    )
+    inner = (
+        f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {plant} && {shlex.join(cmd)}; "
+        "rc=$?; echo LEFT: $(ls /dev/shm); exit $rc"
+    )
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", inner],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "removed 1 batch file(s), 50 MiB, left by Paddle processes" in result.stderr
+    left = result.stdout.split("LEFT:")[-1].split()
+    assert sorted(left) == sorted([f"paddle_{dead}_8_12", "paddle_1_9_13"])

@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         config.loader.num_workers, local_world_size=dist.local_world_size
     )
     log.info("num_workers=%d (%s)", workers, reason)
+    if dist.local_rank == 0:  # one sweep per node, before any worker of this run exists
+        preflight.remove_stale_batches()
     try:
         config, workers = preflight.apply_policy(config, workers, dist.local_world_size)
     except preflight.ShmTooSmallError as exc:

@@ -36,8 +36,14 @@ class Check:
 
 def check_shm(config, workers: int, ranks: int, sample) -> Check:
     plan = preflight.plan(config, workers, ranks, sample)
-    free = preflight.shm_free_bytes()
+    stale = preflight.stale_batches()
+    free = preflight.shm_free_bytes() + stale.bytes  # training removes them before it starts
     detail = f"need {plan.describe()}; free {free / 2**20:.0f} MiB"
+    if stale.paths:
+        detail += (
+            f" (counting {stale.bytes / 2**20:.0f} MiB in {len(stale.paths)} batch files left "
+            "by dead Paddle processes, which training removes at start)"
+        )
     if plan.need_bytes <= free:
         return Check("/dev/shm", "PASS", detail)
     status = "WARN" if config.shm.policy == "adapt" else "FAIL"
@@ -225,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    from train.config import ConfigError, add_overrides_argument, load_config
+
+    parser.add_argument("--config", required=True, help="scenario YAML, as for python -m train")
+    add_overrides_argument(parser)
     args = parser.parse_args(argv)
-    from train.config import ConfigError, load_config
 
     try:
         config = load_config(args.config, args.overrides)
