@@ -75,6 +75,21 @@ _bound_pid: int | None = None
 _OWNER_DEPTH = 2
 
 
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (another user's process included); a zombie counts as dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return True
+
+
 def _parent_of(pid: int) -> int | None:
     """The parent pid of ``pid`` from /proc, or None if it is gone or unreadable."""
     try:

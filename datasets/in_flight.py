@@ -16,24 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.handles import process_alive
 from datasets.shared_block import SharedBlock
 
 SLOTS = 256  # loader workers x loaders x restarts of non-persistent workers, with room to spare
 IDLE = -1
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return True
 
 
 class InFlightTable:
@@ -56,7 +43,7 @@ class InFlightTable:
         with self._block.locked():
             free = [i for i in range(SLOTS) if table[i, 0] in (0, pid)]
             if not free:  # reuse the slot of a process that is gone
-                free = [i for i in range(SLOTS) if not _alive(int(table[i, 0]))]
+                free = [i for i in range(SLOTS) if not process_alive(int(table[i, 0]))]
             slot = free[0] if free else pid % SLOTS
             table[slot] = (pid, IDLE, 0)
         self._slot, self._slot_pid = slot, pid
@@ -82,7 +69,7 @@ class InFlightTable:
         rows = []
         for pid, index, started in self._table().copy():
             if pid and index != IDLE:
-                rows.append((int(pid), int(index), (now - started) / 1e9, _alive(int(pid))))
+                rows.append((int(pid), int(index), (now - started) / 1e9, process_alive(int(pid))))
         return rows
 
     def __getstate__(self) -> dict:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.handles import process_alive
+
 log = logging.getLogger("train")
 
 SHM_PATH = "/dev/shm"
@@ -121,16 +123,6 @@ class StaleBatches:
     bytes: int
 
 
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def stale_batches(
     path: str = SHM_PATH, older_than_s: float = STALE_AFTER_S, now: float | None = None
 ) -> StaleBatches:
@@ -151,7 +143,7 @@ def stale_batches(
             stat = entry.stat(follow_symlinks=False)
         except OSError:
             continue  # taken meanwhile
-        if now - stat.st_mtime >= older_than_s and not _process_exists(int(match.group(1))):
+        if now - stat.st_mtime >= older_than_s and not process_alive(int(match.group(1))):
             paths.append(Path(entry.path))
             total += stat.st_size
     return StaleBatches(paths, total)
