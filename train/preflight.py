@@ -151,21 +151,20 @@ def stale_batches(
 
 def remove_stale_batches(path: str = SHM_PATH, older_than_s: float = STALE_AFTER_S) -> int:
     """Delete :func:`stale_batches`; return the bytes freed (logged when any)."""
-    stale = stale_batches(path, older_than_s)
-    freed = 0
-    for file in stale.paths:
+    removed, freed = 0, 0
+    for file in stale_batches(path, older_than_s).paths:
         try:
             size = file.stat().st_size
             file.unlink()
-            freed += size
-        except FileNotFoundError:
-            continue  # another rank removed it first
-    if stale.paths:
+        except OSError:
+            continue  # another rank removed it first, or it is another user's (sticky /dev/shm)
+        removed, freed = removed + 1, freed + size
+    if removed:
         log.warning(
             "%s: removed %d batch file(s), %s, left by Paddle processes that died before "
             "their batches were taken",
             path,
-            len(stale.paths),
+            removed,
             _mb(freed),
         )
     return freed
