@@ -37,6 +37,18 @@ def two_rank_settings(framework: str, task: str, ocr_lmdb, image_h5) -> list[str
     ]
 
 
+def assert_written_once_by_rank_0(out: Path, metric: str) -> None:
+    """A 6-step two-rank run: one metrics writer, the step-6 checkpoint, an evaluation with
+    ``metric`` in [0, 1], and the summary."""
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if r["type"] == "train"]
+    assert steps == [2, 4, 6]  # one writer: rank 0
+    assert (out / "checkpoints" / "step-00000006").is_dir()
+    evals = [r for r in records if r["type"] == "eval"]
+    assert evals and 0.0 <= evals[-1][metric] <= 1.0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 6
+
+
 @pytest.mark.torch
 def test_torchrun_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
     out = tmp_path / "run"
@@ -62,14 +74,7 @@ def test_torchrun_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "2 rank(s)" in result.stderr
-    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in records if r["type"] == "train"]
-    assert steps == [2, 4, 6]  # one writer: rank 0
-    assert (out / "checkpoints" / "step-00000006").is_dir()
-    evals = [r for r in records if r["type"] == "eval"]
-    assert evals and 0.0 <= evals[-1]["top1"] <= 1.0
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 6
+    assert_written_once_by_rank_0(out, "top1")
     assert Path(out / "config.resolved.yaml").is_file()
 
 
@@ -93,10 +98,4 @@ def test_paddle_launch_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
     worker_logs = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("workerlog.*")))
     assert result.returncode == 0, result.stdout[-2000:] + worker_logs[-4000:]
     assert "2 rank(s)" in worker_logs
-    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in records if r["type"] == "train"]
-    assert steps == [2, 4, 6]  # one writer: rank 0
-    assert (out / "checkpoints" / "step-00000006").is_dir()
-    evals = [r for r in records if r["type"] == "eval"]
-    assert evals and 0.0 <= evals[-1]["acc"] <= 1.0
-    assert json.loads((out / "summary.json").read_text())["steps"] == 6
+    assert_written_once_by_rank_0(out, "acc")

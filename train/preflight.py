@@ -119,8 +119,15 @@ STALE_AFTER_S = 600.0  # a live batch is taken within seconds; this leaves a wid
 
 @dataclass
 class StaleBatches:
-    paths: list[Path]
-    bytes: int
+    sizes: dict[Path, int]  # file -> bytes
+
+    @property
+    def paths(self) -> list[Path]:
+        return list(self.sizes)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
 
 
 def stale_batches(
@@ -130,11 +137,11 @@ def stale_batches(
     ``older_than_s``: no process will ever take them. Both conditions, so that a batch in
     flight (young) and Paddle's reusable shm-cache buffers (creator alive) are never listed."""
     now = time.time() if now is None else now
-    paths, total = [], 0
+    stale = StaleBatches({})
     try:
         entries = list(os.scandir(path))
     except OSError:
-        return StaleBatches([], 0)
+        return stale
     for entry in entries:
         match = _PADDLE_BATCH_FILE.fullmatch(entry.name)
         if not match:
@@ -144,17 +151,15 @@ def stale_batches(
         except OSError:
             continue  # taken meanwhile
         if now - stat.st_mtime >= older_than_s and not process_alive(int(match.group(1))):
-            paths.append(Path(entry.path))
-            total += stat.st_size
-    return StaleBatches(paths, total)
+            stale.sizes[Path(entry.path)] = stat.st_size
+    return stale
 
 
 def remove_stale_batches(path: str = SHM_PATH, older_than_s: float = STALE_AFTER_S) -> int:
     """Delete :func:`stale_batches`; return the bytes freed (logged when any)."""
     removed, freed = 0, 0
-    for file in stale_batches(path, older_than_s).paths:
+    for file, size in stale_batches(path, older_than_s).sizes.items():
         try:
-            size = file.stat().st_size
             file.unlink()
         except OSError:
             continue  # another rank removed it first, or it is another user's (sticky /dev/shm)
