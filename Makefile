@@ -1,10 +1,14 @@
 # One-command entry points. `make train-ocr` and `make test` do all set-up on a fresh machine.
 SHELL := /bin/bash
 PYTHON ?= python3
+# The Paddle GPU image runs Python 3.10, so the Paddle venv does too when this host has a 3.10
+# (pyenv's, or python3.10 on PATH): the Paddle half of `make test` then proves the image's Python.
+# PADDLE_PYTHON=python3 (or any interpreter) overrides; without a 3.10 it falls back to $(PYTHON).
+PADDLE_PYTHON ?= $(or $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.10.*/bin/python3.10)),$(shell command -v python3.10 2>/dev/null),$(PYTHON))
 PADDLE := .venv-paddle/bin/python
 TORCH := .venv-torch/bin/python
 PIP_FLAGS ?= --disable-pip-version-check --progress-bar off
-COMMON_REQS := requirements/common.txt requirements/remote.txt requirements/constraints.txt
+COMMON_REQS := requirements/common.txt requirements/remote.txt requirements/dev.txt requirements/constraints.txt
 
 OCR_DATA := data/synth_ocr
 # The smoke jobs start over each time; pass ARGS=--resume (or other train flags) to change that.
@@ -18,15 +22,15 @@ setup: .venv-paddle/.installed .venv-torch/.installed
 
 # A venv is rebuilt only when its requirement files change (the stamp is older than them).
 .venv-paddle/.installed: requirements/paddle.txt $(COMMON_REQS)
-	$(PYTHON) -m venv .venv-paddle
+	$(PADDLE_PYTHON) -m venv .venv-paddle
 	$(PADDLE) -m pip install $(PIP_FLAGS) -q --upgrade pip
-	$(PADDLE) -m pip install $(PIP_FLAGS) -r requirements/paddle.txt -r requirements/remote.txt -c requirements/constraints.txt
+	$(PADDLE) -m pip install $(PIP_FLAGS) -r requirements/paddle.txt -r requirements/remote.txt -r requirements/dev.txt -c requirements/constraints.txt
 	touch $@
 
 .venv-torch/.installed: requirements/torch.txt $(COMMON_REQS)
 	$(PYTHON) -m venv .venv-torch
 	$(TORCH) -m pip install $(PIP_FLAGS) -q --upgrade pip
-	$(TORCH) -m pip install $(PIP_FLAGS) -r requirements/torch.txt -r requirements/remote.txt -c requirements/constraints.txt
+	$(TORCH) -m pip install $(PIP_FLAGS) -r requirements/torch.txt -r requirements/remote.txt -r requirements/dev.txt -c requirements/constraints.txt
 	touch $@
 
 $(OCR_DATA)/charset.txt: | .venv-paddle/.installed
@@ -78,13 +82,16 @@ test: setup lint
 	$(MAKE) test-paddle
 
 test-torch: .venv-torch/.installed
+	@echo "test-torch: $$($(TORCH) --version) ($(TORCH))"
 	TEST_FRAMEWORK=torch $(TORCH) -m pytest -m "not paddle" $(PYTEST_ARGS)
 
 test-paddle: .venv-paddle/.installed
+	@echo "test-paddle: $$($(PADDLE) --version) ($(PADDLE))"
 	TEST_FRAMEWORK=paddle $(PADDLE) -m pytest -m "not torch" $(PYTEST_ARGS)
 
-# Build both images on CPU stand-in bases with podman, run their smoke tests and train-ocr
-# through compose.yaml (what CI does; needs root, installs podman itself).
+# What CI does with containers: start a Docker Engine of its own, build both images on CPU
+# stand-ins of the GPU bases, and run the README's compose commands (needs root; installs
+# docker.io, debootstrap and Compose v2 itself). See docs/containers.md.
 containers-ci:
 	bash scripts/ci_containers.sh
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypedDict, Unpack
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import numpy as np
 
@@ -26,6 +26,11 @@ from datasets.errors import BadSampleError, DatasetError, TooManyBadSamplesError
 from datasets.handles import die_with_parent
 from datasets.in_flight import InFlightTable
 from datasets.ocr_transforms import CharDict, augment_text_line, resize_and_pad
+
+if TYPE_CHECKING:
+    # typing.Unpack is new in Python 3.11 and the Paddle GPU image runs 3.10; the annotations
+    # below are strings (from __future__ import annotations), so only a type checker needs it.
+    from typing import Unpack
 
 Sample = dict[str, np.ndarray]
 Transform = Callable[[bytes, "str | int", np.random.Generator], Sample]
