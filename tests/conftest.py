@@ -15,6 +15,14 @@ from datasets.synthetic import LATIN, imagenet_samples, ocr_samples, write_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The images set these roots (docker/*.Dockerfile) and the scenario files read them as
+# ${NAME:-default}. Tests expect the checkout's layout wherever they run, the images' smoke
+# tests included, and tests that want the container's roots set them themselves; removed at
+# import so that the subprocesses tests start see the same environment.
+CONTAINER_ROOTS = ("OCR_DATA_DIR", "RESNET50_DATA_DIR", "RUNS_ROOT", "CACHE_ROOT")
+for _name in CONTAINER_ROOTS:
+    os.environ.pop(_name, None)
+
 
 def pytest_collection_modifyitems(config, items):
     """Skip framework tests whose framework is absent, unless TEST_FRAMEWORK says it must be

@@ -28,6 +28,15 @@ SCENARIOS = sorted((REPO_ROOT / "configs").glob("*/*.yaml"))
 BAD_CONFIGS_DIR = REPO_ROOT / "tests" / "fixtures" / "bad_configs"
 BAD_CONFIGS = sorted(BAD_CONFIGS_DIR.glob("*.yaml"))
 MINIMAL = {"task": "resnet50", "framework": "torch", "data": {"train": "data/x.h5"}}
+# The roots the scenario files read as ${NAME:-default}, as the images set them (ENV in
+# docker/*.Dockerfile); unset, the defaults are the checkout's layout.
+IMAGE_ROOTS = {
+    "OCR_DATA_DIR": "/data/ocr",
+    "RESNET50_DATA_DIR": "/data/resnet50",
+    "RUNS_ROOT": "/runs",
+    "CACHE_ROOT": "/cache",
+}
+CHECKOUT_DATA = {"ocr": "data/synth_ocr/", "resnet50": "data/synth_imagenet/"}
 
 # fixture file -> a substring its one-line error must contain
 EXPECTED_ERRORS = {
@@ -76,6 +85,14 @@ EXPECTED_ERRORS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def checkout_layout(monkeypatch):
+    """Every test starts with the checkout's layout, also inside the images (docker/smoke.sh runs
+    this file there, where ENV sets the roots); tests that want the roots set them."""
+    for name in IMAGE_ROOTS:
+        monkeypatch.delenv(name, raising=False)
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "train.config", *args]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
@@ -83,7 +100,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 # ---------------------------------------------------------------- the scenario files
 def test_every_scenario_folder_has_the_standard_scenarios():
-    expected = {"base", "smoke", "single_gpu", "multi_gpu", "container", "small_dataset"}
+    expected = {"base", "smoke", "single_gpu", "multi_gpu", "small_dataset"}
     expected.add("remote_storage")
     for task in ("ocr", "resnet50"):
         names = {path.stem for path in (REPO_ROOT / "configs" / task).glob("*.yaml")}
@@ -117,12 +134,148 @@ def test_scenarios_set_what_their_names_promise():
     for task in ("ocr", "resnet50"):
         remote = load_config(REPO_ROOT / f"configs/{task}/remote_storage.yaml")
         assert remote.data.train.startswith("s3://") and remote.loader.persistent_workers
-        container = load_config(REPO_ROOT / f"configs/{task}/container.yaml")
-        assert container.data.train.startswith("/data/")
-        assert container.output.dir.startswith("/runs/")
-        assert container.data.cache_dir.startswith("/cache/")
         small = load_config(REPO_ROOT / f"configs/{task}/small_dataset.yaml")
         assert small.data.cache == "memory"
+
+
+def local_paths(config: Config) -> dict[str, str]:
+    """The config's local dataset paths by key (s3:// URLs are not local)."""
+    names = ("train", "val", "char_dict", "skip_keys_file")
+    paths = {f"data.{n}": getattr(config.data, n) for n in names}
+    return {key: path for key, path in paths.items() if path and not path.startswith("s3://")}
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_scenarios_use_the_images_roots(path: Path, monkeypatch):
+    """Every scenario file works unchanged in the images, whose ENV sets the roots, and in a
+    checkout, where they are unset."""
+    task = path.parent.name
+    for name, value in IMAGE_ROOTS.items():
+        monkeypatch.setenv(name, value)
+    inside = load_config(path)
+    data_paths = local_paths(inside)
+    assert "data.train" in data_paths or inside.data.train.startswith("s3://")
+    for key, value in data_paths.items():
+        assert value.startswith(f"/data/{task}/"), f"{key}: {value}"
+    assert inside.output.dir == f"/runs/{task}-{inside.framework}-{path.stem}"
+    assert inside.data.cache_dir.startswith("/cache/"), inside.data.cache_dir
+    assert inside.data.remote_cache_dir.startswith("/cache/"), inside.data.remote_cache_dir
+
+    for name in IMAGE_ROOTS:
+        monkeypatch.delenv(name)
+    checkout = load_config(path)
+    for key, value in local_paths(checkout).items():
+        assert value.startswith(CHECKOUT_DATA[task]), f"{key}: {value}"
+    assert checkout.output.dir == f"runs/{task}-{checkout.framework}-{path.stem}"
+    assert checkout.data.cache_dir.startswith(".cache/"), checkout.data.cache_dir
+    assert checkout.data.remote_cache_dir.startswith(".cache/"), checkout.data.remote_cache_dir
+    # only the roots differ
+    assert dataclasses.replace(inside, data=checkout.data, output=checkout.output) == checkout
+
+
+# ---------------------------------------------------------------- ${NAME:-default} substitution
+def with_train(value: str) -> dict:
+    return {**MINIMAL, "data": {"train": value}}
+
+
+def test_env_reference_is_replaced(monkeypatch):
+    monkeypatch.setenv("STARVED_TEST_ROOT", "/mnt/x")
+    config = config_from_dict(with_train("${STARVED_TEST_ROOT}/a.h5"))
+    assert config.data.train == "/mnt/x/a.h5"
+    config = config_from_dict(with_train("${STARVED_TEST_ROOT:-d}/a-${STARVED_TEST_ROOT}.h5"))
+    assert config.data.train == "/mnt/x/a-/mnt/x.h5"
+
+
+def test_env_reference_unset_without_default_names_key_variable_and_fix(monkeypatch):
+    monkeypatch.delenv("STARVED_TEST_UNSET", raising=False)
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(with_train("${STARVED_TEST_UNSET}/a.h5"), name="mine")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("config error: mine: data.train: ")
+    assert "environment variable STARVED_TEST_UNSET is not set" in message
+    assert "Export STARVED_TEST_UNSET=..., or give a default" in message
+    assert "${STARVED_TEST_UNSET:-value}" in message
+
+
+@pytest.mark.parametrize("value", ["", None])
+def test_env_reference_default_when_unset_or_empty(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("STARVED_TEST_ROOT", raising=False)
+    else:
+        monkeypatch.setenv("STARVED_TEST_ROOT", value)
+    config = config_from_dict(with_train("${STARVED_TEST_ROOT:-data/d}/a.h5"))
+    assert config.data.train == "data/d/a.h5"
+    config = config_from_dict(with_train("${STARVED_TEST_ROOT:-}a.h5"))  # an empty default
+    assert config.data.train == "a.h5"
+
+
+def test_double_dollar_is_a_literal(monkeypatch):
+    monkeypatch.setenv("STARVED_TEST_ROOT", "/mnt/x")
+    config = config_from_dict(with_train("data/$${STARVED_TEST_ROOT}/cost$5.h5"))
+    assert config.data.train == "data/${STARVED_TEST_ROOT}/cost$5.h5"
+
+
+@pytest.mark.parametrize("reference", ["${1X}", "${}", "${A-B}", "${A:-b", "${A B}"])
+def test_bad_env_reference_is_an_error(reference):
+    if "}" not in reference:  # not a reference at all: kept as written
+        assert config_from_dict(with_train(reference)).data.train == reference
+        return
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(with_train(reference))
+    message = str(caught.value)
+    assert f"data.train: bad variable reference {reference}" in message and "\n" not in message
+    assert "${NAME:-default}" in message
+
+
+def test_env_reference_in_a_set_value(monkeypatch):
+    monkeypatch.setenv("STARVED_TEST_ROOT", "/mnt/x")
+    config = load_config(
+        REPO_ROOT / "configs/ocr/smoke.yaml",
+        ["output.dir=${STARVED_TEST_ROOT}/{config_name}", "data.val=${STARVED_TEST_NONE:-v}"],
+    )
+    assert config.output.dir == "/mnt/x/smoke" and config.data.val == "v"
+    monkeypatch.delenv("STARVED_TEST_ROOT")
+    item = "output.dir=${STARVED_TEST_ROOT}/runs"
+    with pytest.raises(ConfigError) as caught:
+        load_config(REPO_ROOT / "configs/ocr/smoke.yaml", [item])
+    assert str(caught.value).startswith(f"config error: --set {item}: output.dir: environment")
+
+
+def test_env_error_names_the_file_that_set_the_key(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("STARVED_TEST_UNSET", raising=False)
+    (tmp_path / "base.yaml").write_text(
+        "task: resnet50\nframework: torch\ndata:\n  train: ${STARVED_TEST_UNSET}/t.h5\n"
+    )
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nseed: 3\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "child.yaml")
+    message = str(caught.value)
+    assert "base.yaml: data.train: environment variable STARVED_TEST_UNSET" in message
+    assert "child.yaml" not in message
+    # the same reference set by the child is blamed on the child; --set fixes it there
+    (tmp_path / "child.yaml").write_text(
+        "extends: base.yaml\ndata:\n  val: ${STARVED_TEST_UNSET}/v.h5\n  train: t.h5\n"
+    )
+    with pytest.raises(ConfigError, match=r"child\.yaml: data\.val: environment variable"):
+        load_config(tmp_path / "child.yaml")
+    assert load_config(tmp_path / "child.yaml", ["data.val=v.h5"]).data.val == "v.h5"
+
+
+def test_env_reference_outside_strings_and_in_lists(monkeypatch):
+    monkeypatch.setenv("STARVED_TEST_ROOT", "/mnt/x")
+    config = config_from_dict(
+        {**MINIMAL, "data": {"train": "t.h5", "image_shape": [3, 48, 320]}, "seed": 4}
+    )
+    assert config.data.image_shape == [3, 48, 320] and config.seed == 4
+    with pytest.raises(ConfigError, match=r"data\.image_shape\[1\]"):
+        config_from_dict(
+            {**MINIMAL, "data": {"train": "t.h5", "image_shape": [3, "${STARVED_TEST_NONE}", 9]}}
+        )
+
+
+def test_resolved_config_keeps_an_escaped_dollar(tmp_path: Path):
+    config = config_from_dict(with_train("data/$${NOT_A_VARIABLE}/t.h5"))
+    assert load_config(save_resolved(config, tmp_path)) == config
 
 
 # ---------------------------------------------------------------- malformed files

@@ -17,6 +17,12 @@ Rules of the format
   relative to the repository root, i.e. the working directory of `python -m train`, NOT to the
   YAML file, so one path means the same in every config. They are kept as written; `s3://` URLs
   are left alone.
+- `${NAME}` and `${NAME:-default}` in a string value are replaced by the environment variable
+  NAME (the default when it is unset or empty), as in compose files; `$${` is a literal `${`. The
+  scenario files use this for the roots that differ between a checkout and a container:
+  OCR_DATA_DIR, RESNET50_DATA_DIR, RUNS_ROOT and CACHE_ROOT, which the images set once (ENV in
+  docker/*.Dockerfile), so every scenario file works in both places unchanged. The resolved
+  config (config.resolved.yaml, `python -m train.config`) shows the values after substitution.
 - Floats need a dot: PyYAML follows YAML 1.1 and reads `1e-3` as a string; write `1.0e-3`.
 - Byte sizes take an int or a string such as 512m, 8g, 1.5GiB. Units are powers of 1024, as in
   Docker's --shm-size.
@@ -592,6 +598,40 @@ def _apply_override(data: dict, item: str, origins: dict[str, str]) -> None:
     _record_origins(value, key, source, origins)
 
 
+# ---------------------------------------------------------------- ${NAME:-default} substitution
+_ENV_REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _expand_env(value: Any, key: str, environ: dict[str, str]) -> Any:
+    """Return `value` with ${NAME} / ${NAME:-default} replaced in every string inside it."""
+    if isinstance(value, dict):
+        return {
+            name: _expand_env(child, f"{key}.{name}" if key else str(name), environ)
+            for name, child in value.items()
+        }
+    if isinstance(value, list):
+        return [_expand_env(item, f"{key}[{i}]", environ) for i, item in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def substitute(match: re.Match) -> str:
+        if match[1] is None:  # $${ escapes a literal ${
+            return "${"
+        name, has_default, default = match[1].partition(":-")
+        if not _ENV_NAME.fullmatch(name):
+            hint = "write ${NAME} or ${NAME:-default}, NAME made of letters, digits and _"
+            raise ConfigError(key, f"bad variable reference ${{{match[1]}}}", hint)
+        if environ.get(name):
+            return environ[name]
+        if has_default:
+            return default
+        hint = f"export {name}=..., or give a default: ${{{name}:-value}}"
+        raise ConfigError(key, f"environment variable {name} is not set", hint)
+
+    return _ENV_REFERENCE.sub(substitute, value)
+
+
 # ---------------------------------------------------------------- public API
 def config_from_dict(data: dict, name: str = "inline", overrides: Iterable[str] = ()) -> Config:
     """Validate a mapping already in memory (tests, notebooks); `name` fills {config_name}."""
@@ -604,6 +644,7 @@ def _validate(
     for item in overrides:
         _apply_override(data, item, origins)
     try:
+        data = _expand_env(data, "", dict(os.environ))
         return _finish(_parse_section(data, Config, ""), name)
     except ConfigError as error:  # blame the file (or --set) that set the offending key
         error.source = error.source or _origin(error.key, origins, default_source)
@@ -620,12 +661,22 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Confi
     return _validate(data, path.stem, overrides, origins, default_source=_display(path))
 
 
+def _escape_dollars(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {name: _escape_dollars(child) for name, child in value.items()}
+    if isinstance(value, list):
+        return [_escape_dollars(item) for item in value]
+    return value.replace("${", "$${") if isinstance(value, str) else value
+
+
 def save_resolved(config: Config, run_dir: str | os.PathLike) -> Path:
     """Write run_dir/config.resolved.yaml atomically, so a crash never leaves half a file."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     text = "# Every value this run used. Check: python -m train.config <this file>\n"
-    text += yaml.safe_dump(config.to_dict(), sort_keys=False)
+    # Values are stored after ${NAME} substitution; a literal "${" that remains (written $${) is
+    # escaped again so that loading this file gives the same config.
+    text += yaml.safe_dump(_escape_dollars(config.to_dict()), sort_keys=False)
     handle, temp_path = tempfile.mkstemp(dir=run_dir, prefix=".config.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
