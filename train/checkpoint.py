@@ -51,6 +51,7 @@ def _fsync_tree(directory: Path) -> None:
 
 
 def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> Path:
+    started = time.perf_counter()
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{position.step:08d}"
@@ -73,7 +74,9 @@ def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> 
     _write_atomic(root / "latest", final.name + "\n")
     for old in sorted(root.glob("step-????????"))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    log.info("checkpoint %s", final)
+    # Size and time in the log: what a stop grace period (compose, k8s) has to cover.
+    size = sum(path.stat().st_size for path in final.iterdir() if path.is_file())
+    log.info("checkpoint %s (%.0f MB in %.2f s)", final, size / 1e6, time.perf_counter() - started)
     return final
 
 

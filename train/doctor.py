@@ -1,10 +1,17 @@
 """Preflight doctor: is this machine ready for this config? One line per check, with the fix.
 
     python -m train.doctor --config configs/resnet50/single_gpu.yaml [--set key=value ...]
+        [--output-dir DIR] [--resume | --auto-resume | --overwrite]
 
-Checks /dev/shm against the config's need, GPU visibility, ulimits, CPU count against
-num_workers, the datasets (present, valid, a sample decodes), and disk space for checkpoints.
-Exit 1 when any check FAILs, 0 otherwise (WARN does not fail). The container entrypoint runs it.
+Checks /dev/shm against the config's need; the GPUs (NVML) against what the framework build can
+use (compute capability, CUDA build, a tiny op on each kind of GPU, asked in a subprocess so this
+process imports no framework); ulimits; CPU count against num_workers; the datasets (readable,
+valid, a sample decodes); that the run directory and the caches the config uses are writable
+(a file is really created and removed there); and disk space for checkpoints in the run
+directory. --output-dir and the resume flags mean what they mean for `python -m train`, so a
+launcher can pass the training command's arguments through unchanged.
+Exit 1 when any check FAILs, 0 otherwise (WARN does not fail); 2 for a bad config. The container
+entrypoint runs it.
 """
 
 from __future__ import annotations
@@ -14,24 +21,31 @@ import os
 import resource
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# The path probes are in train/paths.py; the GPU checks in train/doctor_gpu.py, on the facts
+# that train/gpu_probe.py gathers.
 from train import preflight  # noqa: E402
+from train.check import Check  # noqa: E402
+from train.doctor_gpu import check_gpu  # noqa: E402
+from train.paths import (  # noqa: E402
+    RUN_AS_OWNER,
+    WriteProbe,
+    denial,
+    first_unreadable,
+    first_unwritable,
+    nearest_existing,
+    probe_writable,
+    read_fix,
+    strerror,
+    write_fix,
+)
 
 # Parameters by model, for the checkpoint-size estimate without importing a framework.
 MODEL_PARAMS = {"resnet50": 25.6e6, "resnet18": 11.7e6, "crnn": 9e6, "crnn_tiny": 1e6}
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # PASS | WARN | FAIL
-    detail: str
-    fix: str = ""
 
 
 def check_shm(config, workers: int, ranks: int, sample) -> Check:
@@ -51,60 +65,195 @@ def check_shm(config, workers: int, ranks: int, sample) -> Check:
     return Check("/dev/shm", status, detail + note, preflight.SHM_FIX)
 
 
-def gpu_info() -> list[str]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        count = pynvml.nvmlDeviceGetCount()
-        names = [
-            pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)
-        ]
-        return [f"{n} (driver {driver})" for n in names]
-    except Exception:
-        return []
+# ---------------------------------------------------------------- run directory and caches
+def write_failure(name: str, probe: WriteProbe, elsewhere: str) -> Check:
+    return Check(name, "FAIL", probe.problem, write_fix(probe, elsewhere))
 
 
-def check_gpu(config) -> Check:
-    gpus = gpu_info()
-    wanted = config.train.device
-    if gpus:
-        return Check("GPU", "PASS", f"{len(gpus)} visible: {', '.join(gpus)}")
-    fix = (
-        "run the container with the NVIDIA runtime (compose.yaml's device reservation, "
-        "docker run --gpus all) and check nvidia-smi on the host"
+# Directories and files inside a run directory that training writes into again on --resume.
+_RUN_SUBDIRS = ("checkpoints", "scalars", "plots")
+_RUN_FILES = (
+    "train.log",
+    "metrics.jsonl",
+    "summary.json",
+    "bad_samples.train.tsv",
+    "bad_samples.val.tsv",
+)
+
+
+def check_output_dir(run_dir: Path, resume: str | None = None) -> tuple[Check, WriteProbe]:
+    """The run directory, as python -m train derives it (--output-dir, else output.dir)."""
+    name = "output dir"
+    probe = probe_writable(run_dir)
+    if not probe.ok:
+        return write_failure(name, probe, "--output-dir somewhere writable"), probe
+    # A run directory left by another user (an earlier run as root) is writable itself but its
+    # checkpoints/ and logs may not be: training would die at its first checkpoint, hours in.
+    blocked = first_unwritable(
+        [probe.path / sub for sub in _RUN_SUBDIRS], [probe.path / f for f in _RUN_FILES]
     )
-    if wanted == "gpu":
-        return Check("GPU", "FAIL", "train.device is gpu but no GPU is visible", fix)
-    if wanted == "auto":
-        return Check("GPU", "WARN", "no GPU visible: training will run on the CPU", fix)
-    return Check("GPU", "PASS", "train.device is cpu")
+    if blocked is not None:
+        detail = f"{probe.path}: {denial('write', *blocked)}; an earlier run by another user?"
+        fix = (
+            f"{RUN_AS_OWNER}, or chown -R {os.getuid()}:{os.getgid()} {probe.path}, or "
+            "--output-dir for a new run"
+        )
+        return Check(name, "FAIL", detail, fix), probe
+    from train import checkpoint
+
+    detail = f"{probe.path}: writable"
+    detail += (
+        " (a test file was created and removed)"
+        if probe.existed
+        else " (missing: training creates it; a test directory and file were created and removed)"
+    )
+    latest = checkpoint.latest(probe.path) if probe.existed else None
+    if resume == "resume" and latest is None:
+        fix = "drop --resume for a new run, or use --auto-resume"
+        return Check(name, "FAIL", f"{detail}; --resume but it holds no checkpoint", fix), probe
+    if latest is not None:
+        detail += f"; holds a run (latest {latest.name})"
+        if resume is None:
+            detail += ": python -m train needs --resume, --auto-resume or --overwrite"
+    return Check(name, "PASS", detail), probe
 
 
+def _check_disk_cache(data) -> Check:
+    name = "data.cache_dir"
+    probe = probe_writable(data.cache_dir)
+    if not probe.ok:
+        elsewhere = "set data.cache_dir to a writable directory (or data.cache: none)"
+        return write_failure(name, probe, elsewhere)
+    detail = (
+        f"{probe.path}: writable, {probe.free_bytes / 2**30:.1f} GiB free; "
+        f"data.cache_max_bytes {data.cache_max_bytes / 2**30:.1f} GiB"
+    )
+    if probe.free_bytes < data.cache_max_bytes:
+        fix = (
+            "the disk cache is a sparse memory-mapped file: filling it on a full disk "
+            "kills the readers with SIGBUS; lower data.cache_max_bytes, free space, or "
+            "move data.cache_dir"
+        )
+        return Check(name, "WARN", detail, fix)
+    return Check(name, "PASS", detail)
+
+
+def _check_remote_cache(data) -> Check:
+    name = "data.remote_cache_dir"
+    probe = probe_writable(data.remote_cache_dir)
+    if not probe.ok:
+        return write_failure(name, probe, "set data.remote_cache_dir to a writable directory")
+    limit = data.remote_cache_max_bytes
+    detail = (
+        f"{probe.path}: writable, {probe.free_bytes / 2**30:.1f} GiB free for staging "
+        f"s3:// data (data.remote_cache_max_bytes "
+        f"{'none' if limit is None else f'{limit / 2**30:.1f} GiB'})"
+    )
+    return Check(name, "PASS", detail)
+
+
+def check_cache_dirs(config) -> list[Check]:
+    """The caches the config uses, and only those: data.cache_dir (data.cache: disk) and
+    data.remote_cache_dir (an s3:// source)."""
+    from datasets import remote
+
+    data = config.data
+    checks = []
+    if data.cache == "disk":
+        checks.append(_check_disk_cache(data))
+    sources = (data.train, data.val, data.char_dict, data.skip_keys_file)
+    if any(path and remote.is_remote(path) for path in sources):
+        checks.append(_check_remote_cache(data))
+    return checks
+
+
+# ---------------------------------------------------------------- datasets
+def _open_dataset(config, path: str):
+    """The dataset at ``path`` as training opens it (no augmentation)."""
+    from datasets.dataset import build_image_dataset, build_ocr_dataset
+    from datasets.ocr_transforms import CharDict
+
+    if config.task == "ocr":
+        chars = CharDict.from_file(config.data.char_dict, config.data.use_space_char)
+        return build_ocr_dataset(
+            path,
+            chars,
+            train=False,
+            image_shape=config.data.image_shape,
+            max_text_length=config.data.max_text_length,
+        )
+    return build_image_dataset(
+        path,
+        train=False,
+        image_size=config.data.image_size,
+        eval_resize=config.data.eval_resize,
+    )
+
+
+def _dataset_failure(config, split: str, path: str, exc: Exception) -> Check:
+    """Why the dataset could not be opened: a path this user may not read, else the error."""
+    name = f"data.{split}"
+    needed = [path]
+    if config.task == "ocr" and config.data.char_dict:
+        needed.append(config.data.char_dict)
+    denied = first_unreadable(needed)
+    if denied is not None:
+        where, action, error = denied
+        detail = f"{path}: {denial(action, where, error)}"
+        fix = read_fix(where, action, f"point data.{split} at a readable copy")
+        return Check(name, "FAIL", detail, fix)
+    if isinstance(exc, OSError):
+        detail = f"{path}: cannot read {exc.filename or path}: {strerror(exc)}"
+        return Check(name, "FAIL", detail, "check the path and its volume mount")
+    fix = "scripts/validate_data.py PATH shows every bad record"
+    return Check(name, "FAIL", str(exc).split(". HINT")[0], fix)
+
+
+def check_dataset(config, split: str, path: str | None):
+    """Open the dataset like training does and decode one sample (returns it for shm sizing)."""
+    from datasets import remote
+    from datasets.errors import BadSampleError, DatasetError
+
+    name = f"data.{split}"
+    if path is None:
+        return Check(name, "PASS", "not set"), None
+    if remote.is_remote(path):
+        return Check(name, "PASS", f"{path}: remote, staged at start"), None
+    try:
+        dataset = _open_dataset(config, path)
+        sample = dataset[0]
+        count = len(dataset)
+        dataset.close()
+    except (DatasetError, BadSampleError, OSError) as exc:
+        return _dataset_failure(config, split, path, exc), None
+    if count < config.loader.batch_size and split == "train":
+        detail = f"{count} samples < batch_size {config.loader.batch_size}"
+        return Check(name, "FAIL", detail, "lower loader.batch_size"), sample
+    return Check(name, "PASS", f"{path}: {count} samples, first decodes"), sample
+
+
+# ---------------------------------------------------------------- host
 def check_ulimits(gpus: bool) -> list[Check]:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    nofile = Check(
-        "ulimit nofile",
-        "PASS" if soft >= 4096 else "WARN",
-        f"soft limit {soft}",
-        ""
-        if soft >= 4096
-        else "raise it (compose ulimits nofile: 65536); workers "
-        "and shared-memory batches each hold descriptors",
+    enough = soft >= 4096
+    more_files = (
+        "raise it (compose ulimits nofile: 65536); workers and shared-memory batches each hold "
+        "descriptors"
     )
     memlock, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     unlimited = memlock == resource.RLIM_INFINITY
+    fine = unlimited or not gpus
+    lock_more = "set memlock: -1 (compose ulimits) for pinned memory and RDMA/NCCL"
     shown = "unlimited" if unlimited else f"{memlock} bytes"
-    lock = Check(
-        "ulimit memlock",
-        "PASS" if unlimited or not gpus else "WARN",
-        shown,
-        ""
-        if unlimited or not gpus
-        else "set memlock: -1 (compose ulimits) for pinned " "memory and RDMA/NCCL",
-    )
-    return [nofile, lock]
+    return [
+        Check(
+            "ulimit nofile",
+            "PASS" if enough else "WARN",
+            f"soft limit {soft}",
+            "" if enough else more_files,
+        ),
+        Check("ulimit memlock", "PASS" if fine else "WARN", shown, "" if fine else lock_more),
+    ]
 
 
 def check_cpus(config, workers: int, reason: str, ranks: int) -> Check:
@@ -113,89 +262,37 @@ def check_cpus(config, workers: int, reason: str, ranks: int) -> Check:
     cores = usable_cores()
     detail = f"{cores} usable cores; num_workers={workers} per rank x {ranks} rank(s) ({reason})"
     if workers * ranks > cores:
-        return Check(
-            "CPU vs workers",
-            "WARN",
-            detail,
-            "more workers than cores oversubscribe the CPU; use num_workers: auto",
-        )
-    if workers == 0 and cores >= 4:
-        return Check(
-            "CPU vs workers",
-            "WARN",
-            detail,
-            "decode runs in the training process; set loader.num_workers: auto",
-        )
-    return Check("CPU vs workers", "PASS", detail)
+        fix = "more workers than cores oversubscribe the CPU; use num_workers: auto"
+    elif workers == 0 and cores >= 4:
+        fix = "decode runs in the training process; set loader.num_workers: auto"
+    else:
+        return Check("CPU vs workers", "PASS", detail)
+    return Check("CPU vs workers", "WARN", detail, fix)
 
 
-def check_dataset(config, split: str, path: str | None):
-    """Open the dataset like training does and decode one sample (returns it for shm sizing)."""
-    from datasets import remote
-    from datasets.dataset import build_image_dataset, build_ocr_dataset
-    from datasets.errors import BadSampleError, DatasetError
-    from datasets.ocr_transforms import CharDict
-
-    if path is None:
-        return Check(f"data.{split}", "PASS", "not set"), None
-    if remote.is_remote(path):
-        return Check(f"data.{split}", "PASS", f"{path}: remote, staged at start"), None
-    try:
-        if config.task == "ocr":
-            chars = CharDict.from_file(config.data.char_dict, config.data.use_space_char)
-            dataset = build_ocr_dataset(
-                path,
-                chars,
-                train=False,
-                image_shape=config.data.image_shape,
-                max_text_length=config.data.max_text_length,
-            )
-        else:
-            dataset = build_image_dataset(
-                path,
-                train=False,
-                image_size=config.data.image_size,
-                eval_resize=config.data.eval_resize,
-            )
-        sample = dataset[0]
-        count = len(dataset)
-        dataset.close()
-    except (DatasetError, BadSampleError) as exc:
-        return Check(
-            f"data.{split}",
-            "FAIL",
-            str(exc).split(". HINT")[0],
-            "scripts/validate_data.py PATH shows every bad record",
-        ), None
-    if count < config.loader.batch_size and split == "train":
-        return Check(
-            f"data.{split}",
-            "FAIL",
-            f"{count} samples < batch_size " f"{config.loader.batch_size}",
-            "lower loader.batch_size",
-        ), sample
-    return Check(f"data.{split}", "PASS", f"{path}: {count} samples, first decodes"), sample
-
-
-def check_disk(config) -> Check:
-    out = Path(config.output.dir)
-    probe = next((p for p in [out, *out.parents] if p.exists()), Path("."))
-    free = shutil.disk_usage(probe).free
+def check_disk(config, run_dir: Path, free: int | None = None) -> Check:
+    """Space for checkpoints in the run directory (its volume: the nearest existing directory
+    when it is missing or could not be probed)."""
+    run_dir = Path(os.path.abspath(run_dir))
+    where = run_dir if free is not None else nearest_existing(run_dir)
+    if free is None:
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError as exc:
+            return Check("disk for checkpoints", "WARN", f"{where}: {strerror(exc)}")
     params = MODEL_PARAMS.get(config.model.name, 25e6)
     # weights + two optimizer moments, float32, for each kept checkpoint plus one being written
     need = int(params * 4 * 3 * (config.train.keep_last + 1))
-    detail = f"{free / 2**30:.1f} GiB free at {probe}; checkpoints need ~{need / 2**30:.2f} GiB"
+    detail = f"{free / 2**30:.1f} GiB free at {where}; checkpoints need ~{need / 2**30:.2f} GiB"
     if free < need:
-        return Check(
-            "disk for checkpoints",
-            "FAIL",
-            detail,
-            "free space, lower train.keep_last, or set output.dir on a larger volume",
-        )
+        fix = "free space, lower train.keep_last, or --output-dir (output.dir) on a larger volume"
+        return Check("disk for checkpoints", "FAIL", detail, fix)
     return Check("disk for checkpoints", "PASS" if free > 2 * need else "WARN", detail)
 
 
-def run_checks(config) -> list[Check]:
+def run_checks(config, output_dir: str | None = None, resume: str | None = None) -> list[Check]:
+    """All checks; ``output_dir`` is --output-dir (None: output.dir), ``resume`` the resume
+    flag given (resume, auto_resume, overwrite or None)."""
     from train.config import resolve_num_workers
 
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("PADDLE_LOCAL_SIZE", "1")))
@@ -204,13 +301,20 @@ def run_checks(config) -> list[Check]:
     train_check, sample = check_dataset(config, "train", config.data.train)
     val_check, _ = check_dataset(config, "val", config.data.val)
     gpu = check_gpu(config)
-    checks += [check_shm(config, workers, ranks, sample), gpu]
-    checks += check_ulimits(gpu.status == "PASS" and "visible" in gpu.detail)
+    uses_gpu = config.train.device != "cpu" and any(
+        c.name == "GPU" and c.status == "PASS" for c in gpu
+    )
+    checks += [check_shm(config, workers, ranks, sample), *gpu]
+    checks += check_ulimits(uses_gpu)
+    run_dir = Path(output_dir or config.output.dir)  # as python -m train derives it
+    output_check, probe = check_output_dir(run_dir, resume)
     checks += [
         check_cpus(config, workers, reason, ranks),
         train_check,
         val_check,
-        check_disk(config),
+        *check_cache_dirs(config),
+        output_check,
+        check_disk(config, run_dir, probe.free_bytes),
     ]
     return checks
 
@@ -225,24 +329,44 @@ def render(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    from train.config import add_overrides_argument
+
     parser = argparse.ArgumentParser(
         prog="python -m train.doctor",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from train.config import ConfigError, add_overrides_argument, load_config
-
     parser.add_argument("--config", required=True, help="scenario YAML, as for python -m train")
     add_overrides_argument(parser)
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--output-dir",
+        help="run directory, as for python -m train (default: output.dir of the config)",
+    )
+    group = parser.add_mutually_exclusive_group()
+    for flag in ("--resume", "--auto-resume", "--overwrite"):
+        group.add_argument(
+            flag,
+            dest="resume",
+            action="store_const",
+            const=flag[2:].replace("-", "_"),
+            help=f"as for python -m train ({flag} is checked against the run directory)"
+            if flag == "--resume"
+            else "as for python -m train",
+        )
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    from train.config import ConfigError, load_config
+
+    args = _parser().parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    checks = run_checks(config)
+    checks = run_checks(config, args.output_dir, args.resume)
     print(render(checks))
     failed = [c.name for c in checks if c.status == "FAIL"]
     print(
