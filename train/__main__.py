@@ -3,8 +3,9 @@ r"""Train the OCR recognizer or ResNet-50 with PaddlePaddle or PyTorch, from one
     python -m train --config configs/ocr/smoke.yaml
     python -m train --config configs/resnet50/smoke.yaml --set framework=paddle
     torchrun --nproc-per-node 2 -m train --config configs/resnet50/multi_gpu.yaml
-    python -m paddle.distributed.launch --gpus 0,1 train/__main__.py \
-        --config configs/ocr/multi_gpu.yaml
+    python -m paddle.distributed.launch --gpus 0,1 \
+        --log_dir runs/ocr-paddle-multi_gpu/launch-logs \
+        train/__main__.py --config configs/ocr/multi_gpu.yaml
 
 Exit codes: 0 done; 2 bad config or command line; 3 data problem (dataset unreadable, too many
 bad samples); 4 checkpoint problem; 5 /dev/shm too small for the config (shm.policy fail);

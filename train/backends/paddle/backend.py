@@ -1,9 +1,11 @@
-"""PaddlePaddle 2.6 implementation of the training-loop contract in train/backends/base.py.
+r"""PaddlePaddle 2.6 implementation of the training-loop contract in train/backends/base.py.
 
 The loop (train/loop.py) drives it; nothing here knows about epochs or logging cadence. Run:
     .venv-paddle/bin/python -m train --config configs/ocr/smoke.yaml
 and on several GPUs or CPU processes:
-    python -m paddle.distributed.launch --nproc_per_node 2 train/__main__.py --config ...
+    python -m paddle.distributed.launch --nproc_per_node 2 --log_dir RUN_DIR/launch-logs \
+        train/__main__.py --config ... --output-dir RUN_DIR
+(--log_dir: the launcher's default, ./log, is not writable in the images.)
 """
 
 from __future__ import annotations
