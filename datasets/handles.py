@@ -12,6 +12,7 @@ use it to prove each worker opens each file exactly once; users can use it to de
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -115,18 +116,27 @@ def owner_is_ancestor(owner_pid: int, depth: int = _OWNER_DEPTH) -> bool:
 
 def die_with_parent(owner_pid: int) -> None:
     """In a loader worker (a process other than ``owner_pid``, the one that built the dataset),
-    ask the kernel to SIGKILL us when our parent dies (for a forkserver worker the parent is the
-    fork server, which exits with the owner). Without it, a worker blocked on a full queue
-    outlives a trainer killed with -9 and holds its memory and files forever (seen with Paddle's
-    loader). Call it as early as possible in the worker (the backends' worker_init_fn): the
-    loaders' own parent watchdogs read the parent pid once at start-up, so a worker whose trainer
-    dies while it starts would watch init instead and live forever. Once per process; a no-op in
-    the owner and off Linux."""
+    leave the trainer's process group (see below) and ask the kernel to SIGKILL us when our
+    parent dies (for a forkserver worker the parent is the fork server, which exits with the
+    owner). Without it, a worker blocked on a full queue outlives a trainer killed with -9 and
+    holds its memory and files forever (seen with Paddle's loader). Call it as early as possible
+    in the worker (the backends' worker_init_fn): the loaders' own parent watchdogs read the
+    parent pid once at start-up, so a worker whose trainer dies while it starts would watch init
+    instead and live forever. Once per process; a no-op in the owner and off Linux."""
     global _bound_pid
     pid = os.getpid()
     if _bound_pid == pid or pid == owner_pid:
         return
     _bound_pid = pid
+    # Leave the trainer's process group, so that only the trainer stops its workers. Launchers
+    # stop a rank by signalling its whole group (paddle.distributed.launch: os.killpg SIGTERM up
+    # to 3 times, launch/utils/process_context.py; torchrun: os.killpg, elastic/multiprocessing/
+    # subprocess_handler), and Torch's and Paddle's workers die of a SIGTERM their parent did
+    # not send: the trainer then failed with "DataLoader worker ... killed by signal:
+    # Terminated" instead of saving its stop checkpoint. PR_SET_PDEATHSIG below still ends a
+    # worker with its trainer.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     try:
         import ctypes
         import signal

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
+import time
 from pathlib import Path
 
 from datasets.errors import DatasetError
@@ -97,6 +99,7 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
         return position.step
 
     saved_at = evaluated_at = None
+    stopping = False
     while position.step < total_steps:
         sampler.set_epoch(position.epoch, start=position.epoch_samples)
         data.train.start_epoch(position.epoch)
@@ -115,7 +118,8 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
                 evaluated_at = run_eval()
             if train_cfg.checkpoint_every and position.step % train_cfg.checkpoint_every == 0:
                 saved_at = save()
-            if stop.requested or position.step >= total_steps:
+            stopping = _stop_now(stop, position.step, train_cfg.log_every, dist, backend)
+            if stopping or position.step >= total_steps:
                 break
         else:  # the epoch ran to its end
             _end_epoch(data, telemetry, position)
@@ -124,10 +128,15 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
             if not train_cfg.checkpoint_every:
                 saved_at = save()
             continue
-        if stop.requested:
+        if stopping:
             if saved_at != position.step:
                 save()
-            raise StopRequested(f"stopped by {stop.signal_name} at step {position.step}")
+            # The checkpoint is on disk and nothing is left to save: ignore the rest of a
+            # launcher's burst. Python puts the default action back while the interpreter exits,
+            # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            by = stop.signal_name or "another rank's stop signal"
+            raise StopRequested(f"stopped by {by} at step {position.step}")
         if sampler.per_rank - position.epoch_samples < loader_cfg.batch_size:
             _end_epoch(data, telemetry, position)  # the last step was also the epoch's last batch
 
@@ -137,6 +146,21 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
         save()
     telemetry.close()
     return _summary(telemetry, data, position, last_eval, loss, backend)
+
+
+def _stop_now(stop: _StopFlag, step: int, every: int, dist, backend) -> bool:
+    """Whether to stop after this step. All ranks must stop after the same step: otherwise one
+    saves and waits in the barrier while another waits in its next step's gradient all-reduce,
+    until the collective times out (seen with 2 ranks under paddle.distributed.launch, which
+    signals rank 1 up to 0.6 s after rank 0; Kubernetes signals each pod of a job on its own).
+    So with several ranks the flags are summed over the ranks every ``every`` (log_every) steps,
+    where the loop reads the loss and so already waits for the device: a stop waits at most
+    that many steps, and no step pays for an extra synchronization."""
+    if dist.world_size == 1:
+        return stop.requested
+    if step % every:
+        return False
+    return backend.all_reduce_sum([float(stop.requested)])[0] > 0
 
 
 def _end_epoch(data: RunData, telemetry: Telemetry, position) -> None:
@@ -173,18 +197,47 @@ class _StopFlag:
     signal_name = ""
 
 
+# Repeated SIGTERMs this soon after the first are the same stop request. Launchers send bursts:
+# paddle 2.6's `python -m paddle.distributed.launch`, itself stopped, runs Pod.stop(timeout=30)
+# (launch/controllers/controller.py), whose Container.terminate (launch/job/container.py) calls
+# ProcessContext.terminate (launch/utils/process_context.py): os.killpg(SIGTERM) to the rank's
+# process group, sleep 0.2 s, up to 3 times while the rank lives, so 3 signals within 0.4 s;
+# after 30 s it sends the burst again and SIGKILLs. Shells and init processes (tini -g) may
+# forward one signal more. 5 s is ten times the launcher's burst, so a loaded host that delays
+# it still counts as one request; a person who repeats `kill` after longer still aborts.
+SIGTERM_REPEAT_WINDOW_S = 5.0
+
+
 def _install_stop_handler() -> _StopFlag:
-    """SIGTERM (docker stop, Kubernetes preemption) and SIGINT finish the current step, save a
-    checkpoint and stop; a second signal falls back to the default (immediate) behaviour."""
+    """SIGTERM (docker stop, Kubernetes preemption, the launchers) and SIGINT finish the current
+    step, save a checkpoint and stop. A second SIGINT (Ctrl-C twice) exits at once, as does a
+    SIGTERM more than SIGTERM_REPEAT_WINDOW_S after the first; repeats within that window are
+    ignored, so a launcher's burst cannot abort the checkpoint it asked for."""
     flag = _StopFlag()
+    first_sigterm_at: float | None = None
 
     def handler(signum, frame):
+        nonlocal first_sigterm_at
+        name = signal.Signals(signum).name
+        now = time.monotonic()
+        if signum == signal.SIGTERM and first_sigterm_at is not None:
+            if now - first_sigterm_at < SIGTERM_REPEAT_WINDOW_S:
+                log.info(
+                    "SIGTERM again %.1f s after the first: the same stop request, still finishing "
+                    "the step and the checkpoint",
+                    now - first_sigterm_at,
+                )
+                return
+            signal.signal(signum, signal.SIG_DFL)  # a late repeat: stop now, no checkpoint
+            os.kill(os.getpid(), signum)
+            return
+        if signum == signal.SIGTERM:
+            first_sigterm_at = now
+        else:
+            signal.signal(signum, signal.SIG_DFL)  # a second Ctrl-C exits at once
         flag.requested = True
-        flag.signal_name = signal.Signals(signum).name
-        signal.signal(signum, signal.SIG_DFL)
-        log.warning(
-            "%s received: finishing the current step, then checkpoint and stop", flag.signal_name
-        )
+        flag.signal_name = name
+        log.warning("%s received: finishing the current step, then checkpoint and stop", name)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)

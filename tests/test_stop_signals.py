@@ -1,0 +1,186 @@
+"""Stop signals as launchers really send them. python -m paddle.distributed.launch stops a rank
+with three SIGTERMs 0.2 s apart, sent to the rank's whole process group (trainer and loader
+workers); the trainer must still finish its step, write the checkpoint, exit 143, and --resume
+must continue from that checkpoint. Both frameworks; then the real launchers (paddle launch,
+torchrun) with two CPU ranks, which must stop after the same step."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_distributed import free_port
+from tests.test_resume import wait_for_step
+from tests.test_train import ROOT, data_overrides, set_args, train_cmd
+
+# checkpoint_every far beyond max_steps: the only checkpoint a stopped run holds is the one its
+# stop handler wrote. Checkpoints at epoch ends exist only when checkpoint_every is unset.
+SETTINGS = [
+    "train.max_steps=400",
+    "train.log_every=1",
+    "train.eval_every=100000",
+    "train.checkpoint_every=100000",
+    "optim.warmup_steps=2",
+]
+STOPPED = re.compile(r"stopped by SIGTERM at step (\d+); continue with --resume")
+# A rank that has not had its own signal yet stops with the others (see loop._stop_now).
+ANY_STOP = re.compile(r"stopped by (?:SIGTERM|another rank's stop signal) at step (\d+);")
+
+
+def send_burst(pgid: int, count: int = 3, gap_s: float = 0.2) -> int:
+    """What paddle.distributed.launch does to each rank on stop (utils/process_context.py
+    ProcessContext.terminate: os.killpg(SIGTERM), sleep 0.2, up to 3 times while the rank is
+    alive). Returns how many signals found the group alive."""
+    sent = 0
+    for _ in range(count):
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            break
+        sent += 1
+        time.sleep(gap_s)
+    return sent
+
+
+def only_checkpoint_step(run_dir: Path) -> int:
+    """The step of the run's only checkpoint (and `latest` points at it)."""
+    steps = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
+    assert len(steps) == 1, f"expected only the stop's checkpoint, found {steps}"
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest == steps[0]
+    return int(latest.split("-")[1])
+
+
+PAIRS = [
+    pytest.param("ocr", "paddle", marks=pytest.mark.paddle),
+    pytest.param("resnet50", "torch", marks=pytest.mark.torch),
+]
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_sigterm_burst_to_the_process_group_still_checkpoints(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    """Before: the second SIGTERM killed the trainer before its checkpoint (exit -15), and the
+    first killed the loader workers ("DataLoader worker ... killed by signal: Terminated")."""
+    run_dir = tmp_path / "run"
+    cmd = train_cmd(task, framework, run_dir, SETTINGS, ocr_lmdb=ocr_lmdb, image_h5=image_h5)
+    process = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as the launcher starts each rank
+    )
+    try:
+        wait_for_step(run_dir, process, 5)
+        sent = send_burst(process.pid)
+        code = process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    stderr = process.stderr.read()
+    assert code == 143, f"exit {code} after {sent} SIGTERM(s)\n{stderr[-3000:]}"
+    # The trainer, alone in its group (loader workers leave it), was alive for all three.
+    assert sent == 3, f"the run was gone after {sent} SIGTERM(s): the burst did not test anything"
+    stopped = STOPPED.findall(stderr)
+    assert len(stopped) == 1, stderr[-3000:]
+    assert only_checkpoint_step(run_dir) == int(stopped[0]) >= 5
+
+    step = int(stopped[0])
+    resumed = subprocess.run(
+        [*cmd, "--resume", *set_args([f"train.max_steps={step + 3}"])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.search(rf"resumed from \S+step-{step:08d} \(epoch \d+, step {step}\)", resumed.stderr)
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == step + 3
+
+
+def stop_launcher(cmd: list[str], run_dir: Path, out: Path, env=None) -> float:
+    """Start a launcher, send it one SIGTERM at step 5 (what Kubernetes does to a pod's PID 1),
+    return how long it took to exit. Its output goes to ``out``."""
+    with out.open("w") as sink:
+        launcher = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            wait_for_step(run_dir, launcher, 5)
+            started = time.monotonic()
+            launcher.send_signal(signal.SIGTERM)
+            launcher.wait(timeout=60)
+            return time.monotonic() - started
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+
+
+def assert_ranks_stopped_at_the_checkpoint(rank_logs: list[str], run_dir: Path, context: str):
+    """Every rank logged one stop, all at the same step, and the run's only checkpoint is of
+    that step."""
+    steps = [int(step) for log in rank_logs for step in ANY_STOP.findall(log)]
+    assert len(steps) == 2 and len(set(steps)) == 1, context
+    assert only_checkpoint_step(run_dir) == steps[0] >= 5
+
+
+@pytest.mark.paddle
+def test_sigterm_to_paddle_launch_stops_both_ranks_at_one_checkpoint(tmp_path, ocr_lmdb, image_h5):
+    """The real python -m paddle.distributed.launch, two CPU ranks over gloo, stopped the way
+    Kubernetes stops a PaddleJob pod: one SIGTERM to the launcher. The launcher passes it on as
+    a burst of three to rank 0's group, then to rank 1's 0.6 s later (SIGKILL after 30 s). Both
+    ranks must stop after the same step, rank 0 having written that step's checkpoint. Before,
+    rank 0 died of the burst; with the burst fixed, the ranks stopped at different steps and
+    hung in mismatched collectives until the launcher's SIGKILL."""
+    import paddle
+
+    if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
+    run_dir, logs = tmp_path / "run", tmp_path / "logs"
+    sets = ["framework=paddle", *SETTINGS, "loader.num_workers=1", "loader.batch_size=8"]
+    sets += data_overrides("ocr", ocr_lmdb, image_h5)
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
+    cmd += ["--log_dir", str(logs)]
+    cmd += ["train/__main__.py", "--config", "configs/ocr/smoke.yaml", "--output-dir", str(run_dir)]
+    cmd += set_args(sets)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    took = stop_launcher(cmd, run_dir, tmp_path / "launcher.out", env)
+    rank_logs = [(logs / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)]
+    context = (tmp_path / "launcher.out").read_text()[-1500:] + "".join(
+        x[-2500:] for x in rank_logs
+    )
+    assert_ranks_stopped_at_the_checkpoint(rank_logs, run_dir, context)
+    assert STOPPED.search(rank_logs[0]), context  # rank 0 stopped for its own SIGTERM
+    assert took < 25, f"the launcher needed {took:.0f} s: did it have to SIGKILL a rank?"
+
+
+@pytest.mark.torch
+def test_sigterm_to_torchrun_stops_both_ranks_at_one_checkpoint(tmp_path, image_h5):
+    """torchrun, two CPU ranks: on SIGTERM it os.killpg()s each rank's group once (ranks run in
+    sessions of their own), SIGKILL after 30 s. Torch's loader workers die of a SIGTERM their
+    trainer did not send, so before, each rank failed with "DataLoader worker ... killed by
+    signal: Terminated" and no checkpoint was written."""
+    run_dir = tmp_path / "run"
+    sets = ["framework=torch", *SETTINGS, "loader.num_workers=1", "loader.batch_size=4"]
+    sets += data_overrides("resnet50", None, image_h5)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    cmd += ["-m", "train", "--config", "configs/resnet50/smoke.yaml", "--output-dir", str(run_dir)]
+    cmd += set_args(sets)
+    took = stop_launcher(cmd, run_dir, tmp_path / "torchrun.out")
+    output = (tmp_path / "torchrun.out").read_text(errors="replace")
+    assert_ranks_stopped_at_the_checkpoint([output], run_dir, output[-4000:])
+    assert "killed by signal" not in output, output[-4000:]
+    assert took < 25, f"torchrun needed {took:.0f} s: did it have to SIGKILL a rank?"
