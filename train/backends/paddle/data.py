@@ -21,6 +21,7 @@ import os
 import queue
 import threading
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -306,6 +307,11 @@ def _with_deadline(batches: Iterator, timeout_s: float) -> Iterator:
             # Paddle stops its workers now and not during interpreter exit, where it would log
             # "DataLoader workers exit unexpectedly" after a clean run.
             thread.join(timeout=min(timeout_s, 30.0))
+        if not thread.is_alive() and isinstance(batches, types.GeneratorType):
+            # End the epoch and its workers (_closing_pipes) now, not when this frame is
+            # collected: a traceback keeps the frame, and IPython keeps the last one (for
+            # %debug), so a notebook cell interrupted in next() kept its workers after `del`.
+            batches.close()
 
 
 def make_loader(

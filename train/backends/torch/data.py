@@ -8,6 +8,8 @@ inside workers only fight.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import cv2
 import numpy as np
 import torch
@@ -29,6 +31,32 @@ def _worker_init(worker_id: int) -> None:
     torch.set_num_threads(1)
 
 
+class _EpochLoader(DataLoader):
+    """A DataLoader whose epoch stops its workers when an interrupt (KeyboardInterrupt) leaves
+    ``next()``. Torch stops them when its iterator is collected, but the interrupt's traceback
+    holds the iterator's frames, and IPython keeps the last traceback (sys.last_traceback and
+    its own, for %debug): a notebook cell interrupted while it waited for a batch kept the
+    workers, their open files and their shared memory after ``del it`` until the next error or
+    a kernel restart. Other errors leave the workers as they are, for train.__main__'s report
+    of what each was reading. Persistent workers belong to the loader and are left alone."""
+
+    def __iter__(self):
+        batches = super().__iter__()
+        if self.num_workers == 0 or self.persistent_workers:
+            return batches
+        return _stop_workers_on_interrupt(batches)
+
+
+def _stop_workers_on_interrupt(batches) -> Iterator:
+    try:
+        yield from batches
+    except KeyboardInterrupt:
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        raise
+
+
 def make_loader(
     dataset,
     sampler: EpochSampler,
@@ -46,7 +74,7 @@ def make_loader(
     """A DataLoader with uint8 collation; worker-only knobs are dropped when num_workers is 0
     (DataLoader rejects them there)."""
     workers = num_workers > 0
-    return DataLoader(
+    return _EpochLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
