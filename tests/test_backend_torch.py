@@ -32,7 +32,8 @@ from train.backends.torch.backend import (  # noqa: E402
     UnsafeCheckpointError,
     lr_factor,
 )
-from train.config import Config, config_from_dict, usable_cores  # noqa: E402
+from train.config import Config, config_from_dict  # noqa: E402
+from train.cpus import usable_cores  # noqa: E402
 
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parent.parent

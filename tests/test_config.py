@@ -1,4 +1,4 @@
-"""Tests for the strict config loader (train/config.py) and the scenario YAMLs.
+"""Tests for the strict config loader (train/config/) and the scenario YAMLs.
 
 python3 -m pytest tests/test_config.py -q
 """
@@ -19,9 +19,9 @@ from train.config import (
     ConfigError,
     config_from_dict,
     load_config,
-    resolve_num_workers,
     save_resolved,
 )
+from train.cpus import resolve_num_workers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((REPO_ROOT / "configs").glob("*/*.yaml"))

@@ -123,7 +123,8 @@ def should_auto_resume(run_dir: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from train.config import ConfigError, load_config, resolve_num_workers, save_resolved
+    from train.config import ConfigError, load_config, save_resolved
+    from train.cpus import resolve_num_workers
 
     try:
         config = load_config(args.config, args.overrides)

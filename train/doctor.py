@@ -257,7 +257,7 @@ def check_ulimits(gpus: bool) -> list[Check]:
 
 
 def check_cpus(config, workers: int, reason: str, ranks: int) -> Check:
-    from train.config import usable_cores
+    from train.cpus import usable_cores
 
     cores = usable_cores()
     detail = f"{cores} usable cores; num_workers={workers} per rank x {ranks} rank(s) ({reason})"
@@ -293,7 +293,7 @@ def check_disk(config, run_dir: Path, free: int | None = None) -> Check:
 def run_checks(config, output_dir: str | None = None, resume: str | None = None) -> list[Check]:
     """All checks; ``output_dir`` is --output-dir (None: output.dir), ``resume`` the resume
     flag given (resume, auto_resume, overwrite or None)."""
-    from train.config import resolve_num_workers
+    from train.cpus import resolve_num_workers
 
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("PADDLE_LOCAL_SIZE", "1")))
     workers, reason = resolve_num_workers(config.loader.num_workers, local_world_size=ranks)

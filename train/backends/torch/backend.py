@@ -26,7 +26,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from train.backends.base import IMAGENET_MEAN, IMAGENET_STD, Backend, DistInfo
 from train.backends.torch.data import make_loader_from_config
 from train.backends.torch.models import build_model
-from train.config import usable_cores
+from train.cpus import usable_cores
 from train.schedule import lr_factor
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,71 @@
+"""Typed, strict run configuration: one YAML file per scenario, checked before anything starts.
+
+    python -m train.config configs/ocr/smoke.yaml --set loader.num_workers=4
+
+prints the fully resolved config, or exits 2 with one line that says what is wrong and the fix:
+
+    config error: configs/ocr/smoke.yaml: loader.num_wokers: unknown key. Did you mean
+    loader.num_workers?
+
+One module per concern: ``schema`` (the dataclasses: every field, its type, its default and its
+doc), ``validate`` (checking a mapping against the schema's type hints, then across fields),
+``load`` (YAML files, ``extends:``, ``--set``, ``${NAME}`` and the resolved file a run writes),
+``errors`` (the one-line ConfigError). Import from the package: ``from train.config import
+load_config, Config, ConfigError``.
+
+Rules of the format
+- The schema is the dataclasses in schema.py. Parsing walks their type hints, so a new knob is
+  one line. Unknown keys, wrong types and out-of-range values are errors, never silently ignored.
+- `extends: base.yaml` deep-merges a file over its base (chains allowed): mappings merge, lists
+  and scalars replace. The extends path is relative to the file that contains it.
+- `--set key.path=value` overrides are read as YAML values and checked exactly like file values.
+- Dataset and dictionary paths (data.train, data.val, data.char_dict, data.skip_keys_file) are
+  relative to the repository root, i.e. the working directory of `python -m train`, NOT to the
+  YAML file, so one path means the same in every config. They are kept as written; `s3://` URLs
+  are left alone.
+- `${NAME}` and `${NAME:-default}` in a string value are replaced by the environment variable
+  NAME (the default when it is unset or empty), as in compose files; `$${` is a literal `${`. The
+  scenario files use this for the roots that differ between a checkout and a container:
+  OCR_DATA_DIR, RESNET50_DATA_DIR, RUNS_ROOT and CACHE_ROOT, which the images set once (ENV in
+  docker/*.Dockerfile), so every scenario file works in both places unchanged. The resolved
+  config (config.resolved.yaml, `python -m train.config`) shows the values after substitution.
+- Floats need a dot: PyYAML follows YAML 1.1 and reads `1e-3` as a string; write `1.0e-3`.
+- Byte sizes take an int or a string such as 512m, 8g, 1.5GiB. Units are powers of 1024, as in
+  Docker's --shm-size.
+"""
+
+from train.config.errors import ConfigError
+from train.config.load import (
+    RESOLVED_NAME,
+    add_overrides_argument,
+    config_from_dict,
+    load_config,
+    save_resolved,
+)
+from train.config.schema import (
+    Config,
+    DataConfig,
+    LoaderConfig,
+    ModelConfig,
+    OptimConfig,
+    OutputConfig,
+    ShmConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "RESOLVED_NAME",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "LoaderConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "OutputConfig",
+    "ShmConfig",
+    "TrainConfig",
+    "add_overrides_argument",
+    "config_from_dict",
+    "load_config",
+    "save_resolved",
+]

@@ -1,0 +1,254 @@
+"""Loading: YAML files with extends:, --set overrides, ${NAME:-default} substitution, the file
+(or --set) to blame for an error, and the resolved config a run writes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.config.errors import ConfigError, show
+from train.config.schema import Config
+from train.config.validate import check
+
+RESOLVED_NAME = "config.resolved.yaml"
+
+
+# ---------------------------------------------------------------- files, extends and --set
+def _display(path: Path) -> str:
+    """Path as the user would type it: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _read_yaml(path: Path) -> dict:
+    label = _display(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        _reject_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), label)
+        data = yaml.safe_load(text)
+    except OSError as error:
+        raise ConfigError("", f"cannot read file: {error.strerror}", source=label) from None
+    except UnicodeDecodeError as error:
+        raise ConfigError("", f"not UTF-8 text ({error.reason})", source=label) from None
+    except yaml.YAMLError as error:
+        mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        hint = "check the indentation and the ': ' after each key"
+        raise ConfigError("", f"invalid YAML{where}: {problem or error}", hint, label) from None
+    if data is None:
+        raise ConfigError(
+            "", "file is empty", "start it with 'extends: base.yaml' or 'task:'", label
+        )
+    if not isinstance(data, dict):
+        problem = (
+            f"the top level must be a mapping (task:, framework:, data:, ...), got {show(data)}"
+        )
+        raise ConfigError("", problem, source=label)
+    return data
+
+
+def _reject_duplicate_keys(node: Any, label: str, key: str = "") -> None:
+    """YAML keeps the last of two equal keys; a strict config says so instead."""
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _reject_duplicate_keys(item, label, key)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen = set()
+    for key_node, value_node in node.value:
+        name = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+        child_key = f"{key}.{name}" if key else name
+        if name in seen:
+            problem = f"duplicate key (line {key_node.start_mark.line + 1})"
+            raise ConfigError(child_key, problem, "YAML keeps only the last one; merge them", label)
+        seen.add(name)
+        _reject_duplicate_keys(value_node, label, child_key)
+
+
+def _read_with_extends(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict[str, str]]:
+    """Return the merged mapping and, for each key path, the file that set it."""
+    label, data = _display(path), _read_yaml(path)
+    base_ref = data.pop("extends", None)
+    origins: dict[str, str] = {}
+    if base_ref is None:
+        _record_origins(data, "", label, origins)
+        return data, origins
+    if not isinstance(base_ref, str) or not base_ref.strip():
+        raise ConfigError("extends", f"expected a file path, got {show(base_ref)}", source=label)
+    base_path = (path.parent / base_ref).resolve()  # an absolute base_ref stays absolute
+    if base_path in (*chain, path):
+        loop = [*chain, path][[*chain, path].index(base_path) :] + [base_path]
+        cycle = " -> ".join(_display(p) for p in loop)
+        raise ConfigError("extends", f"cycle {cycle}", "remove one of these extends", label)
+    if not base_path.is_file():
+        hint = "extends paths are relative to the file that contains them"
+        raise ConfigError("extends", f"file not found: {_display(base_path)}", hint, label)
+    base, origins = _read_with_extends(base_path, (*chain, path))
+    return _deep_merge(base, data, label, origins, ""), origins
+
+
+def _deep_merge(base: dict, override: dict, label: str, origins: dict, prefix: str) -> dict:
+    merged = dict(base)
+    for name, value in override.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict) and isinstance(merged.get(name), dict):
+            merged[name] = _deep_merge(merged[name], value, label, origins, key + ".")
+        else:  # lists and scalars replace
+            merged[name] = value
+            _record_origins(value, key, label, origins)
+    return merged
+
+
+def _record_origins(value: Any, key: str, label: str, origins: dict[str, str]) -> None:
+    if key:
+        origins[key] = label
+    if isinstance(value, dict):
+        for name, child in value.items():
+            _record_origins(child, f"{key}.{name}" if key else str(name), label, origins)
+
+
+def _origin(key: str, origins: dict[str, str], default: str) -> str:
+    """The file (or --set) that set `key` or its nearest enclosing section."""
+    while key:
+        if key in origins:
+            return origins[key]
+        key = key[: max(key.rfind("."), key.rfind("["), 0)]
+    return default
+
+
+def _apply_override(data: dict, item: str, origins: dict[str, str]) -> None:
+    source = f"--set {item}"
+    key, has_equals, text = item.partition("=")
+    key = key.strip()
+    if not has_equals or not key:
+        raise ConfigError("", "expected KEY=VALUE", "e.g. --set loader.num_workers=4", source)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:  # not valid YAML on its own (e.g. 'a: b: c'): take it as a string
+        value = text
+    node, parts = data, key.split(".")
+    for depth, part in enumerate(parts[:-1]):
+        section_key = ".".join(parts[: depth + 1])
+        if node.get(part) is None:
+            node[part] = {}
+            origins[section_key] = source  # so an unknown section is blamed on this --set
+        elif not isinstance(node[part], dict):
+            raise ConfigError(section_key, "is a value, not a section", source=source)
+        node = node[part]
+    node[parts[-1]] = value
+    _record_origins(value, key, source, origins)
+
+
+# ---------------------------------------------------------------- ${NAME:-default} substitution
+_ENV_REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _expand_env(value: Any, key: str, environ: dict[str, str]) -> Any:
+    """Return `value` with ${NAME} / ${NAME:-default} replaced in every string inside it."""
+    if isinstance(value, dict):
+        return {
+            name: _expand_env(child, f"{key}.{name}" if key else str(name), environ)
+            for name, child in value.items()
+        }
+    if isinstance(value, list):
+        return [_expand_env(item, f"{key}[{i}]", environ) for i, item in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def substitute(match: re.Match) -> str:
+        if match[1] is None:  # $${ escapes a literal ${
+            return "${"
+        name, has_default, default = match[1].partition(":-")
+        if not _ENV_NAME.fullmatch(name):
+            hint = "write ${NAME} or ${NAME:-default}, NAME made of letters, digits and _"
+            raise ConfigError(key, f"bad variable reference ${{{match[1]}}}", hint)
+        if environ.get(name):
+            return environ[name]
+        if has_default:
+            return default
+        hint = f"export {name}=..., or give a default: ${{{name}:-value}}"
+        raise ConfigError(key, f"environment variable {name} is not set", hint)
+
+    return _ENV_REFERENCE.sub(substitute, value)
+
+
+# ---------------------------------------------------------------- public API
+def config_from_dict(data: dict, name: str = "inline", overrides: Iterable[str] = ()) -> Config:
+    """Validate a mapping already in memory (tests, notebooks); `name` fills {config_name}."""
+    return _resolve(copy.deepcopy(data), name, overrides, origins={}, default_source=name)
+
+
+def _resolve(
+    data: dict, name: str, overrides: Iterable[str], origins: dict, default_source: str
+) -> Config:
+    for item in overrides:
+        _apply_override(data, item, origins)
+    try:
+        data = _expand_env(data, "", dict(os.environ))
+        return check(data, name)
+    except ConfigError as error:  # blame the file (or --set) that set the offending key
+        error.source = error.source or _origin(error.key, origins, default_source)
+        raise
+
+
+def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Config:
+    """Read a scenario YAML (following extends), apply --set overrides, validate everything."""
+    path = Path(path)
+    if not path.is_file():
+        hint = "scenario files live in configs/ocr/ and configs/resnet50/"
+        raise ConfigError("", "file not found", hint, source=str(path))
+    data, origins = _read_with_extends(path.resolve(), ())
+    return _resolve(data, path.stem, overrides, origins, default_source=_display(path))
+
+
+def _escape_dollars(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {name: _escape_dollars(child) for name, child in value.items()}
+    if isinstance(value, list):
+        return [_escape_dollars(item) for item in value]
+    return value.replace("${", "$${") if isinstance(value, str) else value
+
+
+def save_resolved(config: Config, run_dir: str | os.PathLike) -> Path:
+    """Write run_dir/config.resolved.yaml atomically, so a crash never leaves half a file."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = "# Every value this run used. Check: python -m train.config <this file>\n"
+    # Values are stored after ${NAME} substitution; a literal "${" that remains (written $${) is
+    # escaped again so that loading this file gives the same config.
+    text += yaml.safe_dump(_escape_dollars(config.to_dict()), sort_keys=False)
+    handle, temp_path = tempfile.mkstemp(dir=run_dir, prefix=".config.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.chmod(temp_path, 0o644)
+        os.replace(temp_path, run_dir / RESOLVED_NAME)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_path)
+        raise
+    return run_dir / RESOLVED_NAME
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` (repeatable) into ``args.overrides``, as :func:`load_config` takes."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set loader.num_workers=4 (repeatable)",
+    )
