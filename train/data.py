@@ -1,17 +1,18 @@
-"""Datasets for a run, built from the config (framework-free).
+"""Datasets for a run, built from the config by its task (train/tasks.py); framework-free.
 
-Remote (s3://) sources are staged once per node into data.remote_cache_dir first, then read
-locally through the same per-worker handles as local data.
+Remote (s3://) sources are staged once per node into data.remote_cache_dir first
+(:func:`stage_remote`), then read locally through the same per-worker handles as local data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from datasets.dataset import RecordDataset, build_image_dataset, build_ocr_dataset
-from datasets.ocr_transforms import CharDict
+from datasets.dataset import RecordDataset
+from train import tasks
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,6 @@ class RunData:
     train: RecordDataset
     val: RecordDataset | None
     num_classes: int  # model outputs; includes the CTC blank for OCR
-    char_dict: CharDict | None
 
     def close(self) -> None:
         for dataset in (self.train, self.val):
@@ -29,62 +29,46 @@ class RunData:
                 dataset.close()
 
 
-def local_path(path: str, config) -> str:
-    """The local path of a dataset: staged first when it is an s3:// URL."""
+def stage_remote(config):
+    """config.data with every s3:// input (data.train, data.val and the task's input files)
+    replaced by its staged local copy; local paths are kept as they are."""
     from datasets import remote
 
-    if not remote.is_remote(path):
-        return path
-    log.info("staging %s into %s", path, config.data.remote_cache_dir)
-    staged = remote.stage(
-        path, config.data.remote_cache_dir, max_cache_bytes=config.data.remote_cache_max_bytes
-    )
-    return str(staged)
-
-
-def build_run_data(config, run_dir: Path) -> RunData:
     data = config.data
-    common = dict(
-        seed=config.seed,
+    changes = {}
+    for name in ("train", "val", *tasks.get(config.task).input_files):
+        path = getattr(data, name)
+        if path and remote.is_remote(path):
+            log.info("staging %s into %s", path, data.remote_cache_dir)
+            staged = remote.stage(
+                path, data.remote_cache_dir, max_cache_bytes=data.remote_cache_max_bytes
+            )
+            changes[name] = str(staged)
+    return dataclasses.replace(data, **changes)
+
+
+def build_run_data(config, run_dir: Path, local_data=None) -> RunData:
+    """The training and validation datasets of ``config``. ``local_data`` is config.data with
+    local paths (:func:`stage_remote`); None: staged here."""
+    task = tasks.get(config.task)
+    data = local_data if local_data is not None else stage_remote(config)
+    policy = dict(
         max_bad_fraction=data.max_bad_fraction,
         skip_keys_file=data.skip_keys_file,
         cache=data.cache,
         cache_max_bytes=data.cache_max_bytes,
         cache_dir=data.cache_dir,
     )
-    paths = {"train": local_path(data.train, config)}
-    if data.val:
-        paths["val"] = local_path(data.val, config)
     built: dict[str, RecordDataset] = {}
-    char_dict = None
-    for split, path in paths.items():
+    for split, path in (("train", data.train), ("val", data.val)):
+        if not path:
+            continue
         # Bad records of each split go to their own file, which a later run can skip.
-        extra = dict(common, bad_keys_file=run_dir / f"bad_samples.{split}.tsv")
+        extra = dict(policy, bad_keys_file=run_dir / f"bad_samples.{split}.tsv")
         if split == "val":
             extra["cache"] = "none"  # one pass per evaluation: caching buys little
-        if config.task == "ocr":
-            char_dict = char_dict or CharDict.from_file(
-                local_path(data.char_dict, config), data.use_space_char
-            )
-            built[split] = build_ocr_dataset(
-                path,
-                char_dict,
-                train=split == "train",
-                image_shape=tuple(data.image_shape),
-                max_text_length=data.max_text_length,
-                augment=data.augment,
-                **extra,
-            )
-        else:
-            built[split] = build_image_dataset(
-                path,
-                train=split == "train",
-                image_size=data.image_size,
-                eval_resize=data.eval_resize,
-                **extra,
-            )
-    if config.task == "ocr":
-        num_classes = char_dict.num_classes
-    else:
-        num_classes = config.model.num_classes or len(built["train"].source.class_names)
-    return RunData(built["train"], built.get("val"), num_classes, char_dict)
+        built[split] = task.open_dataset(
+            data, path, train=split == "train", seed=config.seed, **extra
+        )
+    num_classes = task.num_classes(config.model, built["train"])
+    return RunData(built["train"], built.get("val"), num_classes)

@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 
 # The path probes are in train/paths.py; the GPU checks in train/doctor_gpu.py, on the facts
 # that train/gpu_probe.py gathers.
-from train import preflight  # noqa: E402
+from train import preflight, tasks  # noqa: E402
 from train.check import Check  # noqa: E402
 from train.doctor_gpu import check_gpu  # noqa: E402
 from train.paths import (  # noqa: E402
@@ -43,9 +43,6 @@ from train.paths import (  # noqa: E402
     strerror,
     write_fix,
 )
-
-# Parameters by model, for the checkpoint-size estimate without importing a framework.
-MODEL_PARAMS = {"resnet50": 25.6e6, "resnet18": 11.7e6, "crnn": 9e6, "crnn_tiny": 1e6}
 
 
 def check_shm(config, workers: int, ranks: int, sample) -> Check:
@@ -168,34 +165,11 @@ def check_cache_dirs(config) -> list[Check]:
 
 
 # ---------------------------------------------------------------- datasets
-def _open_dataset(config, path: str):
-    """The dataset at ``path`` as training opens it (no augmentation)."""
-    from datasets.dataset import build_image_dataset, build_ocr_dataset
-    from datasets.ocr_transforms import CharDict
-
-    if config.task == "ocr":
-        chars = CharDict.from_file(config.data.char_dict, config.data.use_space_char)
-        return build_ocr_dataset(
-            path,
-            chars,
-            train=False,
-            image_shape=config.data.image_shape,
-            max_text_length=config.data.max_text_length,
-        )
-    return build_image_dataset(
-        path,
-        train=False,
-        image_size=config.data.image_size,
-        eval_resize=config.data.eval_resize,
-    )
-
-
 def _dataset_failure(config, split: str, path: str, exc: Exception) -> Check:
     """Why the dataset could not be opened: a path this user may not read, else the error."""
     name = f"data.{split}"
-    needed = [path]
-    if config.task == "ocr" and config.data.char_dict:
-        needed.append(config.data.char_dict)
+    inputs = [getattr(config.data, name) for name in tasks.get(config.task).input_files]
+    needed = [path, *(file for file in inputs if file)]
     denied = first_unreadable(needed)
     if denied is not None:
         where, action, error = denied
@@ -220,7 +194,8 @@ def check_dataset(config, split: str, path: str | None):
     if remote.is_remote(path):
         return Check(name, "PASS", f"{path}: remote, staged at start"), None
     try:
-        dataset = _open_dataset(config, path)
+        # As training opens it, without augmentation.
+        dataset = tasks.get(config.task).open_dataset(config.data, path, train=False)
         sample = dataset[0]
         count = len(dataset)
         dataset.close()
@@ -280,7 +255,7 @@ def check_disk(config, run_dir: Path, free: int | None = None) -> Check:
             free = shutil.disk_usage(where).free
         except OSError as exc:
             return Check("disk for checkpoints", "WARN", f"{where}: {strerror(exc)}")
-    params = MODEL_PARAMS.get(config.model.name, 25e6)
+    params = tasks.get(config.task).model(config.model.name).parameters
     # weights + two optimizer moments, float32, for each kept checkpoint plus one being written
     need = int(params * 4 * 3 * (config.train.keep_last + 1))
     detail = f"{free / 2**30:.1f} GiB free at {where}; checkpoints need ~{need / 2**30:.2f} GiB"

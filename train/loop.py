@@ -14,9 +14,8 @@ from pathlib import Path
 
 from datasets.errors import DatasetError
 from datasets.sampler import EpochSampler
-from train import checkpoint
+from train import checkpoint, tasks
 from train.data import RunData
-from train.metrics import OcrMetric, TopKMetric
 from train.telemetry import Telemetry
 
 log = logging.getLogger("train")
@@ -27,15 +26,10 @@ class StopRequested(Exception):
 
 
 def evaluate(backend, loader, task: str) -> dict[str, float]:
-    """One pass over the validation loader; metrics summed over ranks."""
-    metric = OcrMetric() if task == "ocr" else TopKMetric()
+    """One pass over the validation loader; the task's metric, summed over ranks."""
+    metric = tasks.get(task).metric()
     for batch in backend.device_batches(loader):
-        predicted = backend.predict(batch)
-        labels = backend.batch_labels(batch)
-        if task == "ocr":
-            metric.update(predicted, labels["label"], labels["length"])
-        else:
-            metric.update(predicted, labels["label"])
+        metric.update(backend.predict(batch), backend.batch_labels(batch))
     return metric.summarize(backend.all_reduce_sum(metric.state()))
 
 

@@ -1,8 +1,22 @@
-"""Task metrics in numpy, shared by both backends (framework-free)."""
+"""Task metrics in numpy, shared by both backends (framework-free).
+
+A metric accumulates over the batches of one evaluation (``update`` with the backend's
+predictions and the batch's label fields), hands its sums to the all-reduce over ranks
+(``state``), and turns the reduced sums into figures (``summarize``).
+"""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
+
+
+class Metric(Protocol):
+    def update(self, predicted: np.ndarray, labels: dict[str, np.ndarray]) -> None: ...
+    def state(self) -> np.ndarray: ...
+    @staticmethod
+    def summarize(state: np.ndarray) -> dict[str, float]: ...
 
 
 def ctc_greedy_decode(classes: np.ndarray) -> list[list[int]]:
@@ -34,13 +48,13 @@ class OcrMetric:
         self.total = 0
         self.norm_edit_sum = 0.0
 
-    def update(self, predicted_classes: np.ndarray, labels: np.ndarray, lengths: np.ndarray):
-        for predicted, label, length in zip(ctc_greedy_decode(predicted_classes), labels, lengths):
+    def update(self, predicted: np.ndarray, labels: dict[str, np.ndarray]) -> None:
+        """``predicted``: class per time step [N, T]; labels: "label" [N, L], "length" [N]."""
+        rows = zip(ctc_greedy_decode(predicted), labels["label"], labels["length"])
+        for decoded, label, length in rows:
             target = [int(c) for c in label[: int(length)]]
-            self.correct += predicted == target
-            self.norm_edit_sum += edit_distance(predicted, target) / max(
-                len(predicted), len(target), 1
-            )
+            self.correct += decoded == target
+            self.norm_edit_sum += edit_distance(decoded, target) / max(len(decoded), len(target), 1)
             self.total += 1
 
     def state(self) -> np.ndarray:
@@ -54,14 +68,17 @@ class OcrMetric:
 
 
 class TopKMetric:
+    """Top-1 and top-5 accuracy."""
+
     def __init__(self) -> None:
         self.top1 = 0
         self.top5 = 0
         self.total = 0
 
-    def update(self, top5: np.ndarray, labels: np.ndarray) -> None:
-        top5 = np.asarray(top5)
-        labels = np.asarray(labels).reshape(-1, 1)
+    def update(self, predicted: np.ndarray, labels: dict[str, np.ndarray]) -> None:
+        """``predicted``: the top-5 class ids [N, 5], best first; labels: "label" [N]."""
+        top5 = np.asarray(predicted)
+        labels = np.asarray(labels["label"]).reshape(-1, 1)
         self.top1 += int((top5[:, :1] == labels).sum())
         self.top5 += int((top5 == labels).any(axis=1).sum())
         self.total += len(labels)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from datasets.handles import process_alive
+from train import tasks
 
 log = logging.getLogger("train")
 
@@ -50,10 +51,7 @@ def sample_bytes(config, sample: dict | None = None) -> int:
     fixed output shapes (our pipelines always produce these)."""
     if sample is not None:
         return int(sum(np.asarray(v).nbytes for v in sample.values()))
-    if config.task == "ocr":
-        channels, height, width = config.data.image_shape
-        return channels * height * width + 4 * config.data.max_text_length + 4
-    return 3 * config.data.image_size**2 + 8
+    return tasks.get(config.task).sample_bytes(config.data)
 
 
 @dataclass

@@ -18,6 +18,7 @@ import yaml
 from train.config.errors import ConfigError, show
 from train.config.schema import Config
 from train.config.validate import check
+from train.tasks import TASK_NAMES
 
 RESOLVED_NAME = "config.resolved.yaml"
 
@@ -207,7 +208,7 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Confi
     """Read a scenario YAML (following extends), apply --set overrides, validate everything."""
     path = Path(path)
     if not path.is_file():
-        hint = "scenario files live in configs/ocr/ and configs/resnet50/"
+        hint = f"scenario files live in {' and '.join(f'configs/{t}/' for t in TASK_NAMES)}"
         raise ConfigError("", "file not found", hint, source=str(path))
     data, origins = _read_with_extends(path.resolve(), ())
     return _resolve(data, path.stem, overrides, origins, default_source=_display(path))

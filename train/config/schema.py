@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from train.config.errors import ConfigError
+from train.tasks import MODEL_NAMES, TASK_NAMES
 
 GIB = 1024**3
 
@@ -45,9 +46,6 @@ PositiveFloat = Annotated[float, Bounds(low=0, low_open=True)]
 NonNegativeFloat = Annotated[float, Bounds(low=0)]
 Fraction = Annotated[float, Bounds(low=0, high=1)]
 WorkerCount = Annotated[int, Bounds(low=0, hint="use 0 to load in the main process, or 'auto'")]
-
-TASK_NAMES = ("ocr", "resnet50")
-MODEL_NAMES = ("crnn", "crnn_tiny", "resnet50", "resnet18")
 
 
 # ---------------------------------------------------------------- one dataclass per section
@@ -102,7 +100,7 @@ class ShmConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    name: Literal[MODEL_NAMES] | None = None  # one of the task's models; None: its first
+    name: Literal[MODEL_NAMES] | None = None  # one of the task's (train/tasks.py); None: its 1st
     hidden_size: PositiveInt = 256  # CRNN: BiLSTM width
     num_classes: PositiveInt | None = None  # ResNet; None: read from the dataset
 
@@ -139,7 +137,7 @@ class OutputConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    task: Literal[TASK_NAMES]  # what to train
+    task: Literal[TASK_NAMES]  # what to train: a task of train/tasks.py
     framework: Literal["paddle", "torch"]  # which backend trains it (train/backends/)
     seed: NonNegativeInt = 0  # model init, shuffling and augmentation
     deterministic: bool = False  # deterministic kernels (slower on a GPU)
@@ -157,7 +155,8 @@ class Config:
 
 # The hint for each required key that is missing.
 REQUIRED_HINTS = {
-    "task": "add 'task: ocr' or 'task: resnet50', or 'extends:' a base file that has it",
+    "task": f"add {' or '.join(repr(f'task: {name}') for name in TASK_NAMES)}, or 'extends:' a "
+    "base file that has it",
     "framework": "add 'framework: paddle' or 'framework: torch'",
     "data.train": "set it to a dataset path (relative to the repository root) or an s3:// URL",
 }

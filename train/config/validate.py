@@ -11,6 +11,7 @@ import types
 from dataclasses import MISSING
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from train import tasks
 from train.config.errors import ConfigError, show
 from train.config.schema import BYTES, REQUIRED_HINTS, Bounds, ByteSize, Config
 
@@ -20,9 +21,6 @@ class _WrongType(ConfigError):
 
     def __init__(self, key: str, expected: str, value: Any, hint: str = ""):
         super().__init__(key, f"expected {expected}, got {show(value)}", hint)
-
-
-_MODELS_BY_TASK = {"ocr": ("crnn", "crnn_tiny"), "resnet50": ("resnet50", "resnet18")}
 
 
 # ---------------------------------------------------------------- generic parsing over type hints
@@ -192,26 +190,18 @@ def _describe_union(members: tuple) -> str:
 
 # ---------------------------------------------------------------- checks across fields
 def _check_task(config: Config) -> str:
-    """Check what depends on the task; return the model name (defaulted by task)."""
-    models = _MODELS_BY_TASK[config.task]
-    model_name = config.model.name or models[0]
-    if model_name not in models:
-        hint = f"use one of: {', '.join(models)}"
+    """Check what depends on the task (its models, its own checks in train/tasks.py); return
+    the model name (defaulted by task)."""
+    task = tasks.get(config.task)
+    model_name = config.model.name or task.model_names[0]
+    if model_name not in task.model_names:
+        hint = f"use one of: {', '.join(task.model_names)}"
         raise ConfigError(
             "model.name", f"'{model_name}' is not a model for task {config.task}", hint
         )
     data = config.data
-    if config.task == "ocr" and not data.char_dict:
-        hint = "point it at the character list, one character per line"
-        raise ConfigError("data.char_dict", "required when task is ocr", hint)
-    if config.task == "ocr" and len(data.image_shape) != 3:
-        got = f"{len(data.image_shape)} numbers"
-        raise ConfigError(
-            "data.image_shape", f"expected 3 numbers [C, H, W], got {got}", "e.g. [3, 48, 320]"
-        )
-    if config.task == "resnet50" and data.eval_resize < data.image_size:
-        problem = f"{data.eval_resize} is smaller than data.image_size ({data.image_size})"
-        raise ConfigError("data.eval_resize", problem, "eval resizes, then center-crops image_size")
+    for key, problem, hint in task.problems(data):
+        raise ConfigError(key, problem, hint)
     if not data.train.strip():
         raise ConfigError("data.train", "is empty", REQUIRED_HINTS["data.train"])
     for name in ("train", "val", "char_dict", "skip_keys_file"):
