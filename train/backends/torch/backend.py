@@ -23,7 +23,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
-from train.backends.base import IMAGENET_MEAN, IMAGENET_STD, Backend, DistInfo
+from train import tasks
+from train.backends.base import Backend, DistInfo
 from train.backends.torch.data import make_loader_from_config
 from train.backends.torch.models import build_model
 from train.cpus import usable_cores
@@ -53,7 +54,7 @@ class TorchBackend(Backend):
         self.scaler: torch.amp.GradScaler | None = None
         self.amp_dtype: torch.dtype | None = None
         self._training_mode: bool | None = None
-        self._stats: tuple[torch.Tensor, torch.Tensor] | None = None  # ImageNet mean, std
+        self._stats: tuple[torch.Tensor, torch.Tensor] | None = None  # pixel scale, shift
         # zero_infinity: a label too long for the T time steps gives an infinite loss; count it
         # as zero instead of poisoning the batch with NaN gradients.
         self._ctc = nn.CTCLoss(blank=0, zero_infinity=True)
@@ -156,34 +157,31 @@ class TorchBackend(Backend):
         return batch
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 [N,H,W,C] -> float32 [N,C,H,W] on the device: OCR to [-1, 1], ResNet with
-        ImageNet mean/std."""
+        """uint8 [N,H,W,C] -> float32 [N,C,H,W] on the device, normalized with the task's
+        per-channel scale and shift (train/tasks.py) in one multiply-add."""
         # permute() is a view: NHWC memory seen as NCHW is exactly the channels_last layout,
         # which cuDNN prefers on tensor-core GPUs, so no copy happens on CUDA.
         images = images.permute(0, 3, 1, 2).float()
-        if self.config.task == "ocr":
-            images = images.mul_(2.0 / 255.0).sub_(1.0)  # (x / 255 - 0.5) / 0.5
-        else:
-            mean, std = self._imagenet_stats()
-            images = images.div_(255.0).sub_(mean).div_(std)
+        scale, shift = self._pixel_constants()
+        images = images.mul_(scale).add_(shift)
         if self.device.type == "cuda":
             return images.contiguous(memory_format=torch.channels_last)
         return images.contiguous()  # the CPU kernels here are tuned for plain NCHW
 
-    def _imagenet_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean and std as [1, 3, 1, 1] device tensors, made once (not a host copy per batch)."""
+    def _pixel_constants(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scale and shift as [1, C, 1, 1] device tensors, made once (not a host copy per
+        batch)."""
         if self._stats is None:
-            shape = (1, 3, 1, 1)
+            scale, shift = tasks.get(self.config.task).pixel_scale_shift()
             self._stats = (
-                torch.tensor(IMAGENET_MEAN, device=self.device).view(shape),
-                torch.tensor(IMAGENET_STD, device=self.device).view(shape),
+                torch.from_numpy(scale).to(self.device),
+                torch.from_numpy(shift).to(self.device),
             )
         return self._stats
 
     def _cuda_prefetch(self, loader) -> Iterator[dict[str, torch.Tensor]]:
         """Yield each batch while the next one is copied and normalized on a side stream."""
-        if self.config.task != "ocr":
-            self._imagenet_stats()  # made on the compute stream, before the side stream reads it
+        self._pixel_constants()  # made on the compute stream, before the side stream reads it
         side_stream = torch.cuda.Stream(device=self.device)
         # Work already queued on the compute stream (such as those constants) comes first.
         side_stream.wait_stream(torch.cuda.current_stream(self.device))
