@@ -74,6 +74,7 @@ def _torch_ours(spec: dict, decode_only: bool = False) -> Pipeline:
     from datasets.dataset import RecordDataset, build_image_dataset
     from datasets.hdf5_images import Hdf5ImageSource
     from datasets.sampler import EpochSampler
+    from train.backends.common import LoaderKnobs
     from train.backends.torch.data import make_loader
 
     if decode_only:
@@ -82,13 +83,8 @@ def _torch_ours(spec: dict, decode_only: bool = False) -> Pipeline:
         dataset = build_image_dataset(spec["hdf5"], train=True, **_dataset_kwargs(spec))
     # Positions past the end wrap around (RecordDataset reads position % len).
     sampler = EpochSampler(epoch_length(spec, len(dataset)), shuffle=True, seed=0)
-    loader = make_loader(
-        dataset,
-        sampler,
-        batch_size=spec["batch_size"],
-        pin_memory=spec.get("pin", False),
-        **_loader_knobs(spec),
-    )
+    knobs = LoaderKnobs(batch_size=spec["batch_size"], **_loader_knobs(spec))
+    loader = make_loader(dataset, sampler, knobs, pin_memory=spec.get("pin", False))
 
     def epoch(e: int) -> Iterator:
         sampler.set_epoch(e)
@@ -126,7 +122,8 @@ def _torchvision_ref(spec: dict) -> Pipeline:
 def _paddle_ours_ocr(spec: dict) -> Pipeline:
     from datasets.dataset import build_ocr_dataset
     from datasets.ocr_transforms import CharDict
-    from datasets.sampler import EpochBatchSampler, EpochSampler
+    from datasets.sampler import EpochSampler
+    from train.backends.common import LoaderKnobs
     from train.backends.paddle.data import make_loader
 
     dataset = build_ocr_dataset(
@@ -139,16 +136,8 @@ def _paddle_ours_ocr(spec: dict) -> Pipeline:
         **_dataset_kwargs(spec),
     )
     sampler = EpochSampler(epoch_length(spec, len(dataset)), shuffle=True, seed=0)
-    batches = EpochBatchSampler(sampler, spec["batch_size"], drop_last=True)
-    knobs = _loader_knobs(spec)
-    loader = make_loader(
-        dataset,
-        batches,
-        num_workers=knobs["num_workers"],
-        prefetch_factor=knobs["prefetch_factor"],
-        persistent_workers=knobs["persistent_workers"],
-        use_shared_memory=spec.get("shm", True),
-    )
+    knobs = LoaderKnobs(batch_size=spec["batch_size"], drop_last=True, **_loader_knobs(spec))
+    loader = make_loader(dataset, sampler, knobs, use_shared_memory=spec.get("shm", True))
 
     def epoch(e: int) -> Iterator:
         sampler.set_epoch(e)

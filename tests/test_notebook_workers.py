@@ -61,10 +61,6 @@ FRAMEWORKS = [
     pytest.param("torch", marks=pytest.mark.torch),
     pytest.param("paddle", marks=pytest.mark.paddle),
 ]
-BACKENDS = {
-    "torch": "from train.backends.torch.backend import TorchBackend as Backend",
-    "paddle": "from train.backends.paddle.backend import PaddleBackend as Backend",
-}
 # Where the interrupt lands when the loop waits for data: a frame of the loader's next().
 WAITING_IN = {"torch": "torch/utils/data/dataloader.py", "paddle": "in _with_deadline"}
 
@@ -75,11 +71,11 @@ import psutil
 from datasets.dataset import build_ocr_dataset
 from datasets.ocr_transforms import CharDict
 from datasets.sampler import EpochSampler
+from train.backends import make_backend
 from train.config import config_from_dict
-{backend_import}
 
 config = config_from_dict({config!r})
-backend = Backend(config)
+backend = make_backend(config)
 backend.init_distributed()
 backend.seed_everything(config.seed, config.deterministic)
 chars = CharDict.from_file(config.data.char_dict)
@@ -111,7 +107,7 @@ def setup_cell(framework: str, lmdb: Path, slow_s: float) -> str:
         "model": {"name": "crnn_tiny", "hidden_size": 64},
         "train": {"device": "cpu"},
     }
-    return SETUP_CELL.format(config=config, backend_import=BACKENDS[framework], slow_s=slow_s)
+    return SETUP_CELL.format(config=config, slow_s=slow_s)
 
 
 def plain(text: str) -> str:

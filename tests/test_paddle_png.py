@@ -79,17 +79,17 @@ import json, sys
 import numpy as np
 from datasets.dataset import build_ocr_dataset
 from datasets.ocr_transforms import CharDict
-from datasets.sampler import EpochBatchSampler, EpochSampler
+from datasets.sampler import EpochSampler
+from train.backends.common import LoaderKnobs
 from train.backends.paddle.data import make_loader, zlib_load_order_problem
 
 path, charset, context = sys.argv[1:4]
 dataset = build_ocr_dataset(path, CharDict.from_file(charset), train=False, max_bad_fraction=0.0)
 expected = np.stack([dataset[(0, i)]["image"] for i in range(len(dataset))])  # main process
 sampler = EpochSampler(len(dataset), shuffle=False)
-loader = make_loader(
-    dataset, EpochBatchSampler(sampler, 8, drop_last=False), num_workers=2,
-    multiprocessing_context=context, timeout_s=60,
-)
+knobs = LoaderKnobs(8, drop_last=False, num_workers=2, multiprocessing_context=context,
+                    timeout_s=60)
+loader = make_loader(dataset, sampler, knobs)
 images = np.concatenate([batch["image"].numpy() for batch in loader])
 print(json.dumps({
     "problem": zlib_load_order_problem(),
@@ -113,13 +113,14 @@ import paddle  # first, as PaddleOCR's tools/train.py does: libpaddle.so loads t
 import json, sys
 from datasets.dataset import build_ocr_dataset
 from datasets.ocr_transforms import CharDict
-from datasets.sampler import EpochBatchSampler, EpochSampler
+from datasets.sampler import EpochSampler
+from train.backends.common import LoaderKnobs
 from train.backends.paddle.data import ZlibLoadOrderError, make_loader
 
 path, charset = sys.argv[1:3]
 dataset = build_ocr_dataset(path, CharDict.from_file(charset), train=False)
 try:
-    make_loader(dataset, EpochBatchSampler(EpochSampler(24), 8, False), num_workers=2)
+    make_loader(dataset, EpochSampler(24), LoaderKnobs(8, drop_last=False, num_workers=2))
     print(json.dumps({"refused": False}))
 except ZlibLoadOrderError as error:
     print(json.dumps({"refused": True, "message": str(error)}))

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     from datasets.errors import DatasetError, TooManyBadSamplesError
     from train import loop, preflight, report
-    from train.backends.base import make_backend
+    from train.backends import make_backend
     from train.checkpoint import CheckpointError
     from train.data import build_run_data
 

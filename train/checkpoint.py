@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +30,21 @@ class Position:
 
 class CheckpointError(Exception):
     pass
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError, ValueError):
+    """A checkpoint file holds pickled Python objects, which a backend's load_state refuses to
+    unpickle: that could run code from whoever wrote the file."""
+
+
+def refuse_pickle(path: Path, holds: str, reader: str, detail: str) -> UnsafeCheckpointError:
+    """The error for a checkpoint file that only unpickling could read: what it ``holds``,
+    which safe ``reader`` refused it, and the reader's own words (``detail``)."""
+    return UnsafeCheckpointError(
+        f"refused to load {path}: it holds {holds}, and checkpoints are read with {reader} so "
+        "that a file cannot run code. Use a checkpoint written by this project's save_state. "
+        f"({detail})"
+    )
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -40,6 +40,7 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
     sampler = EpochSampler(
         len(data.train), shuffle=True, seed=config.seed, rank=dist.rank, world_size=dist.world_size
     )
+    backend.set_cpu_threads(workers)
     loader = backend.make_loader(data.train, sampler, loader_cfg, workers, train=True)
     val_loader = None
     if data.val is not None:
@@ -56,7 +57,8 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
             "lower loader.batch_size (or use fewer ranks)",
         )
     total_steps = min(train_cfg.max_steps or math.inf, train_cfg.epochs * steps_per_epoch)
-    backend.build(data.num_classes, int(total_steps))
+    input_shape = tasks.get(config.task).input_shape(config.data)
+    backend.build(config.model, config.optim, input_shape, data.num_classes, int(total_steps))
     position = checkpoint.restore(run_dir, backend, config) if resume else checkpoint.Position()
 
     knobs = (
@@ -64,12 +66,13 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
         f"persistent={loader_cfg.persistent_workers} batch={loader_cfg.batch_size}"
     )
     telemetry = Telemetry(
-        config,
         run_dir,
         dist.is_main,
         loader_cfg.batch_size * dist.world_size,
         dist.local_rank,
         knobs,
+        train_cfg.stall_warn_fraction,
+        backend.scalar_writer(run_dir / "scalars") if dist.is_main else None,
     )
     stop = _install_stop_handler()
     last_eval: dict[str, float] = {}

@@ -43,44 +43,26 @@ class GpuMonitor:
         return {"gpu_util": float(util.gpu), "gpu_mem_gb": memory.used / 1e9}
 
 
-class ScalarWriter:
-    """TensorBoard (torch) or VisualDL (paddle) when installed; silently nothing otherwise."""
-
-    def __init__(self, framework: str, log_dir: Path) -> None:
-        self._writer = None
-        try:
-            if framework == "torch":
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._writer = SummaryWriter(str(log_dir))
-            else:
-                from visualdl import LogWriter
-
-                self._writer = LogWriter(logdir=str(log_dir))
-        except Exception:
-            self._writer = None
-
-    def add(self, tag: str, value: float, step: int) -> None:
-        if self._writer is not None:
-            self._writer.add_scalar(tag, value, step)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-
-
 class Telemetry:
     def __init__(
-        self, config, run_dir: Path, is_main: bool, global_batch: int, gpu_index: int, knobs: str
+        self,
+        run_dir: Path,
+        is_main: bool,
+        global_batch: int,
+        gpu_index: int,
+        knobs: str,
+        stall_warn_fraction: float,
+        scalars=None,
     ) -> None:
-        self.config = config
+        """``scalars``: the backend's scalar log (Backend.scalar_writer), or None."""
         self.is_main = is_main
+        self.stall_warn_fraction = stall_warn_fraction  # train.stall_warn_fraction
         self.global_batch = global_batch
         self.knobs = knobs  # the loader settings in effect, quoted in the stall warning
         self.history: list[dict] = []
         # Held open for the whole run (closed in close()), flushed after every record.
         self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if is_main else None  # noqa: SIM115
-        self._scalars = ScalarWriter(config.framework, run_dir / "scalars") if is_main else None
+        self._scalars = scalars
         self._gpu = GpuMonitor(gpu_index)
         self._bar = None
         self._stall_windows = 0
@@ -144,7 +126,7 @@ class Telemetry:
         return record
 
     def _check_stall(self, record: dict) -> None:
-        high = record["data_wait_fraction"] > self.config.train.stall_warn_fraction
+        high = record["data_wait_fraction"] > self.stall_warn_fraction
         self._stall_windows = self._stall_windows + 1 if high else 0
         if self._stall_windows == STALL_WINDOWS and self.is_main:
             log.warning(
@@ -167,8 +149,12 @@ class Telemetry:
         self._jsonl.flush()
         step = record.get("step", 0)
         for key, value in record.items():
-            if isinstance(value, float) and key not in ("step", "epoch"):
-                self._scalars.add(f"{record['type']}/{key}", value, step)
+            if (
+                self._scalars is not None
+                and isinstance(value, float)
+                and key not in ("step", "epoch")
+            ):
+                self._scalars.add_scalar(f"{record['type']}/{key}", value, step)
         text = " ".join(_fmt(k, v) for k, v in record.items() if k != "type")
         message = f"[{record['type']}] {text}"
         if self._bar is not None:

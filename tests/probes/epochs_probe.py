@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from datasets.dataset import build_ocr_dataset  # noqa: E402
 from datasets.ocr_transforms import CharDict  # noqa: E402
-from datasets.sampler import EpochBatchSampler, EpochSampler  # noqa: E402
+from datasets.sampler import EpochSampler  # noqa: E402
+from train.backends.common import LoaderKnobs  # noqa: E402
 
 
 def main() -> None:
@@ -27,11 +28,11 @@ def main() -> None:
     if framework == "torch":
         from train.backends.torch.data import make_loader
 
-        loader = make_loader(dataset, sampler, batch_size=8, num_workers=2)
+        loader = make_loader(dataset, sampler, LoaderKnobs(batch_size=8, num_workers=2))
     else:
         from train.backends.paddle.data import make_loader
 
-        loader = make_loader(dataset, EpochBatchSampler(sampler, 8, True), num_workers=2)
+        loader = make_loader(dataset, sampler, LoaderKnobs(batch_size=8, num_workers=2))
     me = psutil.Process()
     counts = []
     for epoch in range(epochs):

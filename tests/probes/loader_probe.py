@@ -16,33 +16,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from datasets.dataset import build_image_dataset, build_ocr_dataset  # noqa: E402
 from datasets.ocr_transforms import CharDict  # noqa: E402
-from datasets.sampler import EpochBatchSampler, EpochSampler  # noqa: E402
+from datasets.sampler import EpochSampler  # noqa: E402
+from train.backends.common import LoaderKnobs  # noqa: E402
 
 EPOCHS = 3
 WORKERS = 2
 
 
 def loader(framework, dataset, sampler, context, persistent):
-    if framework == "torch":
-        from train.backends.torch.data import make_loader
-
-        return make_loader(
-            dataset,
-            sampler,
-            batch_size=8,
-            num_workers=WORKERS,
-            persistent_workers=persistent,
-            multiprocessing_context=context,
-        )
-    from train.backends.paddle.data import make_loader
-
-    return make_loader(
-        dataset,
-        EpochBatchSampler(sampler, 8, True),
+    knobs = LoaderKnobs(
+        batch_size=8,
         num_workers=WORKERS,
         persistent_workers=persistent,
         multiprocessing_context=context,
     )
+    if framework == "torch":
+        from train.backends.torch.data import make_loader
+
+        return make_loader(dataset, sampler, knobs)
+    from train.backends.paddle.data import make_loader
+
+    return make_loader(dataset, sampler, knobs)
 
 
 def run_case(framework, kind, context, persistent, args, log) -> dict:

@@ -1,1 +1,26 @@
-"""Framework backends: the only code in the project that imports torch or paddle."""
+"""Framework backends: the only code in the project that imports torch or paddle.
+
+``base.py`` is the contract the training loop calls; ``torch/`` and ``paddle/`` implement it;
+``common.py`` holds what both do that needs no framework. The backends are registered here,
+and only the one a config asks for is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from train.backends.base import Backend
+
+# config.framework -> the module and class that implement train/backends/base.py's contract.
+BACKENDS = {
+    "torch": ("train.backends.torch.backend", "TorchBackend"),
+    "paddle": ("train.backends.paddle.backend", "PaddleBackend"),
+}
+
+
+def make_backend(config) -> Backend:
+    """The backend ``config.framework`` names, for the config's task and train: section."""
+    module, name = BACKENDS[config.framework]
+    return getattr(importlib.import_module(module), name)(config.task, config.train)

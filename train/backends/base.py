@@ -2,11 +2,12 @@
 
 The loop calls only these methods, in this order:
 
-    backend = make_backend(config)            # torch or paddle, chosen by config.framework
+    backend = make_backend(config)            # train/backends/__init__.py: by config.framework
     dist = backend.init_distributed()         # torchrun / paddle.distributed.launch env, device
     backend.seed_everything(seed, deterministic)
+    backend.set_cpu_threads(workers)          # share the cores with the loader workers
     train_loader = backend.make_loader(train_set, sampler, config.loader, workers, train=True)
-    backend.build(num_classes, total_steps)   # model, optimizer, LR schedule, AMP, DDP wrapper
+    backend.build(config.model, config.optim, input_shape, num_classes, total_steps)
     backend.load_state(dir)                   # on --resume
     for each epoch:
         for batch in backend.device_batches(train_loader):   # on the device, normalized
@@ -15,18 +16,24 @@ The loop calls only these methods, in this order:
         backend.predict(batch) / backend.batch_labels(batch)  # evaluation
         backend.save_state(tmp_dir)                           # checkpoint (atomic rename is ours)
 
-Batch layout from the loaders (uint8 on the host, see train/backends/*/data.py):
-  OCR:      {"image": uint8 [N, C, H, W] BGR, "label": int32 [N, L], "length": int32 [N]}
+A backend is made for one task (train/tasks.py) and the ``train:`` section, and is handed the
+other sections where it uses them. What it does per task is only the loss and the decoding
+(HEADS in train/backends/<framework>/models.py); what needs no framework is written once in
+train/backends/common.py and train/schedule.py.
+
+Batch layout from the loaders (uint8 on the host, fields as the task's dataset yields them):
+  OCR:      {"image": uint8 [N, H, W, C] BGR, "label": int32 [N, L], "length": int32 [N]}
   ResNet50: {"image": uint8 [N, H, W, 3] RGB, "label": int64 [N]}
-device_batches() moves them to the device and normalizes there: OCR (x / 255 - 0.5) / 0.5;
-ResNet ImageNet mean/std after permuting to NCHW. Shipping uint8 keeps worker IPC at 1/4 of
-float32 bytes.
+device_batches() moves them to the device, permutes the images to [N, C, H, W] and normalizes
+them there with the task's per-channel scale and shift (OCR to [-1, 1]; ResNet with ImageNet's
+mean and std). Shipping uint8 keeps worker IPC at 1/4 of float32 bytes.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +41,7 @@ from typing import Any
 
 import numpy as np
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from train import tasks
 
 
 @dataclass(frozen=True)
@@ -53,14 +59,16 @@ class DistInfo:
 class Backend(abc.ABC):
     name: str
 
-    def __init__(self, config) -> None:
-        self.config = config  # train.config.Config
+    def __init__(self, task: str, train) -> None:
+        self.task = tasks.get(task)  # what is trained: train/tasks.py
+        self.train = train  # the train: section (device, amp, profile), a train.config.TrainConfig
+        self.seed = 0  # seed_everything's
 
     # --- process ---------------------------------------------------------------------------
     @abc.abstractmethod
     def init_distributed(self) -> DistInfo:
         """Read the launcher's environment, join the process group when world size > 1 (gloo on
-        CPU, nccl on GPU), and pick the device from config.train.device (auto: GPU if any)."""
+        CPU, nccl on GPU), and pick the device from train.device (auto: GPU if any)."""
 
     @property
     @abc.abstractmethod
@@ -71,16 +79,30 @@ class Backend(abc.ABC):
     def uses_gpu(self) -> bool:
         return not self.device_name.startswith("cpu")
 
-    @abc.abstractmethod
     def seed_everything(self, seed: int, deterministic: bool) -> None:
-        """Seed the framework's RNGs (plus Python's and numpy's global ones); with deterministic,
-        also select deterministic kernels."""
+        """Seed Python's and numpy's global RNGs and the framework's (seed_framework); with
+        deterministic, also select deterministic kernels. The loaders made afterwards follow
+        ``seed`` too."""
+        self.seed = seed
+        random.seed(seed)
+        np.random.seed(seed)
+        self.seed_framework(seed, deterministic)
+
+    @abc.abstractmethod
+    def seed_framework(self, seed: int, deterministic: bool) -> None:
+        """Seed the framework's generators (every device's); with deterministic, select
+        deterministic kernels."""
+
+    def set_cpu_threads(self, num_workers: int) -> None:  # noqa: B027  (framework default)
+        """Share this rank's CPU cores between the framework's threads and ``num_workers``
+        loader workers, when training on the CPU."""
 
     # --- data ------------------------------------------------------------------------------
     @abc.abstractmethod
     def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
         """The framework's DataLoader over a datasets.RecordDataset with a
-        datasets.sampler.EpochSampler; every knob of loader_config honoured."""
+        datasets.sampler.EpochSampler; every knob of loader_config honoured
+        (train/backends/common.py's LoaderKnobs)."""
 
     @abc.abstractmethod
     def device_batches(self, loader) -> Iterator[dict[str, Any]]:
@@ -90,10 +112,14 @@ class Backend(abc.ABC):
 
     # --- model and optimization ---------------------------------------------------------------
     @abc.abstractmethod
-    def build(self, num_classes: int, total_steps: int) -> None:
-        """Create the model (config.model.name), optimizer, LR schedule (warmup + schedule over
-        total_steps), AMP scaler when config.train.amp != none on GPU, and the data-parallel
-        wrapper when world size > 1. num_classes includes the CTC blank for OCR."""
+    def build(
+        self, model, optim, input_shape: tuple[int, int, int], num_classes: int, total_steps: int
+    ) -> None:
+        """Create the model (``model``: the model: section; input [C, H, W]), the optimizer
+        (``optim``: the optim: section; weight decay by train/schedule.py's rule), the LR
+        schedule (warmup + schedule over total_steps), the AMP scaler when train.amp != none on
+        a GPU, and the data-parallel wrapper when world size > 1. num_classes includes the CTC
+        blank for OCR."""
 
     @abc.abstractmethod
     def train_step(self, batch: dict[str, Any]) -> Any:
@@ -109,15 +135,21 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def predict(self, batch: dict[str, Any]) -> np.ndarray:
-        """Evaluation forward without gradients. OCR: int64 [N, T] argmax class per time step
-        (0 = blank). ResNet: int64 [N, 5] top-5 class ids, best first."""
+        """Evaluation forward without gradients, decoded for the task's metric. OCR: int64
+        [N, T] argmax class per time step (0 = blank). ResNet: int64 [N, 5] top-5 class ids,
+        best first (padded with -1 below 5 classes)."""
 
-    @abc.abstractmethod
     def batch_labels(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
-        """The batch's label fields as numpy arrays ("label", and "length" for OCR)."""
+        """The batch's label fields (the task's label_keys) as numpy arrays."""
+        return {key: self.to_numpy(batch[key]) for key in self.task.label_keys}
 
     @abc.abstractmethod
-    def num_parameters(self) -> int: ...
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """A tensor's values on the host."""
+
+    @abc.abstractmethod
+    def num_parameters(self) -> int:
+        """Trainable parameters of the model (not BatchNorm's running statistics)."""
 
     # --- checkpoints -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -129,7 +161,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def load_state(self, directory: Path) -> None:
-        """Restore everything save_state wrote (after build())."""
+        """Restore everything save_state wrote (after build()). A file that would need
+        unpickling raises train.checkpoint.UnsafeCheckpointError, and nothing in it runs."""
 
     # --- distributed and telemetry -----------------------------------------------------------
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
@@ -144,19 +177,13 @@ class Backend(abc.ABC):
 
     def profile_range(self, name: str) -> contextlib.AbstractContextManager:
         """A profiler marker (NVTX for torch, paddle.profiler.RecordEvent) when
-        config.train.profile is true, otherwise a no-op."""
+        train.profile is true, otherwise a no-op."""
         return contextlib.nullcontext()
+
+    def scalar_writer(self, log_dir: Path) -> Any | None:
+        """The framework's scalar log (TensorBoard, VisualDL) writing to ``log_dir``: an object
+        with add_scalar(tag, value, step) and close(); None when it is not installed."""
+        return None
 
     def shutdown(self) -> None:  # noqa: B027  (single-process default)
         """Leave the process group."""
-
-
-def make_backend(config) -> Backend:
-    """Import only the framework the config asks for."""
-    if config.framework == "torch":
-        from train.backends.torch.backend import TorchBackend
-
-        return TorchBackend(config)
-    from train.backends.paddle.backend import PaddleBackend
-
-    return PaddleBackend(config)

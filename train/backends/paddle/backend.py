@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 import paddle
 import paddle.distributed as dist
-import paddle.nn.functional as F
 from paddle.utils import unique_name
 
-from train.backends.base import IMAGENET_MEAN, IMAGENET_STD, Backend, DistInfo
-from train.backends.paddle.models import build_model
-from train.schedule import lr_factor
+from train.backends import common
+from train.backends.base import Backend, DistInfo
+from train.backends.paddle.models import HEADS, build_model
+from train.checkpoint import refuse_pickle
+from train.schedule import lr_factor, weight_decay_groups
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +41,11 @@ STATE_FORMAT = 1
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.npz", "optimizer.npz", "state.json"
 
 
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint file holds pickled Python objects, which load_state never unpickles."""
-
-
 class PaddleBackend(Backend):
     name = "paddle"
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, task: str, train) -> None:
+        super().__init__(task, train)
         self.dist = DistInfo()
         self.gpu_id: int | None = None  # None: CPU
         self.net: paddle.nn.Layer | None = None  # the bare model: predict, checkpoints
@@ -58,13 +55,13 @@ class PaddleBackend(Backend):
         self.scaler: paddle.amp.GradScaler | None = None
         self.amp_dtype: str | None = None  # "float16" | "bfloat16" | None
         self.step = 0  # optimizer steps taken; also seeds Paddle's RNG per step (see _reseed)
-        self.seed = config.seed
         # Parameter and optimizer-accumulator names come from this generator, not the
         # process-wide one, so they are the same in every process and every backend instance:
         # Paddle's optimizer state is keyed by them.
         self._names: Any = None
         self._training_mode: bool | None = None
-        self._stats: tuple[paddle.Tensor, paddle.Tensor] | None = None  # ImageNet scale, shift
+        self._stats: tuple[paddle.Tensor, paddle.Tensor] | None = None  # pixel scale, shift
+        self._head = HEADS[self.task.name]  # the task's loss and decoding
 
     # --- process ---------------------------------------------------------------------------
     def init_distributed(self) -> DistInfo:
@@ -84,7 +81,7 @@ class PaddleBackend(Backend):
         return self.dist
 
     def _pick_gpu(self) -> int | None:
-        wanted = self.config.train.device
+        wanted = self.train.device
         gpus = paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
         if wanted == "cpu" or (wanted == "auto" and gpus == 0):
             return None
@@ -114,10 +111,7 @@ class PaddleBackend(Backend):
             return "cpu"
         return f"gpu:{self.gpu_id} ({paddle.device.cuda.get_device_name(self.gpu_id)})"
 
-    def seed_everything(self, seed: int, deterministic: bool) -> None:
-        self.seed = seed
-        random.seed(seed)
-        np.random.seed(seed)
+    def seed_framework(self, seed: int, deterministic: bool) -> None:
         paddle.seed(seed)  # the CPU and every CUDA generator
         if deterministic:
             _set_flags_that_exist(
@@ -139,13 +133,21 @@ class PaddleBackend(Backend):
         sequence = np.random.SeedSequence([self.seed, self.step])
         paddle.seed(int(sequence.generate_state(1, np.uint64)[0] >> np.uint64(1)))
 
+    def set_cpu_threads(self, num_workers: int) -> None:
+        # Nothing to share: CPU threads stay at Paddle's FLAGS_paddle_num_threads (default 1;
+        # set the environment variable to raise it). More threads than free cores make Paddle's
+        # OpenMP kernels spin: 2 threads on a busy 2-core host ran a crnn_tiny step 3-5x slower
+        # than 1 thread.
+        return None
+
     # --- data ------------------------------------------------------------------------------
     def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
-        # CPU threads stay at Paddle's FLAGS_paddle_num_threads (default 1; set the environment
-        # variable to raise it). More threads than free cores make Paddle's OpenMP kernels spin:
-        # 2 threads on a busy 2-core host ran a crnn_tiny step 3-5x slower than 1 thread.
-        return paddle_data.make_loader_from_config(
-            dataset, sampler, loader_config, num_workers=num_workers, train=train, places=self.place
+        return paddle_data.make_loader(
+            dataset,
+            sampler,
+            common.LoaderKnobs.of(loader_config, num_workers, train),
+            use_shared_memory=loader_config.use_shared_memory,
+            places=self.place,
         )
 
     def device_batches(self, loader) -> Iterator[dict[str, Any]]:
@@ -167,43 +169,36 @@ class PaddleBackend(Backend):
         return batch
 
     def _normalize(self, images: paddle.Tensor) -> paddle.Tensor:
-        """uint8 [N,H,W,C] -> float32 [N,C,H,W] on the device: OCR to [-1, 1], ResNet with
-        ImageNet mean/std."""
+        """uint8 [N,H,W,C] -> float32 [N,C,H,W] on the device, normalized with the task's
+        per-channel scale and shift (train/tasks.py) in one multiply-add."""
         # Transpose the uint8 batch: a quarter of the bytes of the float32 one.
         images = images.transpose([0, 3, 1, 2]).astype("float32")
-        if self.config.task == "ocr":
-            return images * (2.0 / 255.0) - 1.0  # (x / 255 - 0.5) / 0.5
-        scale, shift = self._imagenet_stats()
-        return images * scale + shift  # (x / 255 - mean) / std, as one multiply-add
-
-    def _imagenet_stats(self) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """[1, 3, 1, 1] device constants, made once (not a host copy per batch)."""
-        if self._stats is None:
-            mean, std = np.array(IMAGENET_MEAN), np.array(IMAGENET_STD)
-            scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(1, 3, 1, 1)
-            shift = (-mean / std).astype(np.float32).reshape(1, 3, 1, 1)
-            self._stats = (paddle.to_tensor(scale), paddle.to_tensor(shift))
-        return self._stats
+        if self._stats is None:  # device constants, made once (not a host copy per batch)
+            self._stats = tuple(paddle.to_tensor(a) for a in self.task.pixel_scale_shift())
+        scale, shift = self._stats
+        return images * scale + shift
 
     # --- model and optimization ---------------------------------------------------------------
-    def build(self, num_classes: int, total_steps: int) -> None:
-        config = self.config
+    def build(
+        self, model, optim, input_shape: tuple[int, int, int], num_classes: int, total_steps: int
+    ) -> None:
         # Paddle's BatchNorm warns on every training forward that it tracks running statistics,
         # which it always did; the message says nothing to act on.
         warnings.filterwarnings("ignore", "When training, we now always track global mean")
         with self._own_names():
             self.net = build_model(
-                config.model.name,
+                self.task.model(model.name),
                 num_classes,
-                image_shape=tuple(config.data.image_shape),
-                hidden_size=config.model.hidden_size,
+                input_shape=input_shape,
+                hidden_size=model.hidden_size,
             )
             self.model = paddle.DataParallel(self.net) if self.dist.world_size > 1 else self.net
-            optim = config.optim
             factor = lr_factor(optim.schedule, optim.warmup_steps, total_steps)
             self.scheduler = paddle.optimizer.lr.LambdaDecay(optim.lr, factor)
             self.optimizer = _make_optimizer(self.net, optim, self.scheduler)
-        self._setup_amp(config.train.amp)
+        self.amp_dtype = common.amp_dtype(self.train.amp, self.gpu_id is not None)
+        # Only fp16 needs loss scaling: bf16 has float32's exponent range.
+        self.scaler = paddle.amp.GradScaler() if self.amp_dtype == "float16" else None
 
     @contextlib.contextmanager
     def _own_names(self) -> Iterator[None]:
@@ -213,14 +208,6 @@ class PaddleBackend(Backend):
             yield
         finally:
             self._names = unique_name.switch(*previous)
-
-    def _setup_amp(self, amp: str) -> None:
-        use_amp = amp != "none" and self.gpu_id is not None
-        if amp != "none" and not use_amp:
-            log.warning("train.amp is %s but the device is the CPU: training in float32", amp)
-        self.amp_dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(amp) if use_amp else None
-        # Only fp16 needs loss scaling: bf16 has float32's exponent range.
-        self.scaler = paddle.amp.GradScaler() if self.amp_dtype == "float16" else None
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
@@ -241,7 +228,7 @@ class PaddleBackend(Backend):
         self._reseed()
         with self._autocast():
             logits = self.model(batch["image"])
-        loss = self._loss(logits.astype("float32"), batch)  # losses in float32 under AMP
+        loss = self._head.loss(logits.astype("float32"), batch)  # losses in float32 under AMP
         # Accumulators are created on the first optimizer step: name them from our generator.
         with self._own_names():
             if self.scaler is None:
@@ -256,23 +243,6 @@ class PaddleBackend(Backend):
         self.step += 1
         return loss.detach()
 
-    def _loss(self, logits: paddle.Tensor, batch: dict[str, Any]) -> paddle.Tensor:
-        if self.config.task != "ocr":
-            return F.cross_entropy(logits, batch["label"])
-        # Paddle's CTC (warp-ctc) takes unnormalized logits [T, N, C] and applies softmax
-        # itself (checked against a reference CTC: log-softmaxed input gives the same loss).
-        # reduction="mean" divides each sample's loss by its label length, then averages.
-        logits = logits.transpose([1, 0, 2])
-        steps, size = logits.shape[0], logits.shape[1]
-        return F.ctc_loss(
-            logits,
-            batch["label"].astype("int32"),
-            paddle.full([size], steps, dtype="int64"),
-            batch["length"].astype("int64"),
-            blank=0,
-            reduction="mean",
-        )
-
     def to_float(self, loss: Any) -> float:
         return float(loss.item())
 
@@ -284,16 +254,10 @@ class PaddleBackend(Backend):
         # The bare model, not DataParallel: evaluation needs no collectives.
         with paddle.no_grad(), self._autocast():
             logits = self.net(batch["image"])
-        if self.config.task == "ocr":
-            return logits.argmax(axis=2).numpy().astype(np.int64)
-        k = min(5, logits.shape[1])
-        top = paddle.topk(logits, k, axis=1)[1].numpy().astype(np.int64)
-        if k < 5:  # fewer than 5 classes: pad with -1, which matches no label
-            top = np.pad(top, ((0, 0), (0, 5 - k)), constant_values=-1)
-        return top
+        return self._head.decode(logits)
 
-    def batch_labels(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {key: value.numpy() for key, value in batch.items() if key != "image"}
+    def to_numpy(self, tensor: paddle.Tensor) -> np.ndarray:
+        return tensor.numpy()
 
     def num_parameters(self) -> int:
         # Trainable only: Paddle keeps BatchNorm running statistics as (frozen) parameters,
@@ -367,9 +331,17 @@ class PaddleBackend(Backend):
             paddle.device.cuda.synchronize(self.gpu_id)
 
     def profile_range(self, name: str) -> contextlib.AbstractContextManager:
-        if not self.config.train.profile:
+        if not self.train.profile:
             return contextlib.nullcontext()
         return paddle.profiler.RecordEvent(name)  # shows in paddle.profiler timelines
+
+    def scalar_writer(self, log_dir: Path) -> Any | None:
+        try:
+            from visualdl import LogWriter
+
+            return LogWriter(logdir=str(log_dir))
+        except Exception:  # visualdl is not installed: no scalar log
+            return None
 
     def shutdown(self) -> None:
         if self.dist.world_size > 1 and dist.is_initialized():
@@ -386,14 +358,9 @@ def _set_flags_that_exist(**flags: Any) -> None:
 
 
 def _make_optimizer(net: paddle.nn.Layer, optim, schedule) -> paddle.optimizer.Optimizer:
-    """optim is a train.config.OptimConfig. Weight decay skips 1-D parameters (biases and
-    BatchNorm scales): decaying them only fights the normalization."""
-    params = [p for p in net.parameters() if p.trainable]  # not BatchNorm's running stats
-    groups = [
-        {"params": [p for p in params if len(p.shape) > 1], "weight_decay": optim.weight_decay},
-        {"params": [p for p in params if len(p.shape) <= 1], "weight_decay": 0.0},
-    ]
-    groups = [group for group in groups if group["params"]]
+    """optim is a train.config.OptimConfig; weight decay by train/schedule.py's rule. Only
+    trainable parameters: Paddle keeps BatchNorm's running statistics as frozen ones."""
+    groups = weight_decay_groups([p for p in net.parameters() if p.trainable], optim.weight_decay)
     clip = paddle.nn.ClipGradByGlobalNorm(optim.grad_clip) if optim.grad_clip else None
     if optim.name == "sgd":
         return paddle.optimizer.Momentum(
@@ -433,11 +400,9 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
         if "pickle" not in str(error):
             raise
         where = f" (entry {entry!r})" if entry else ""
-        raise UnsafeCheckpointError(
-            f"refused to load {path}{where}: it holds a pickled Python object (or is no .npz "
-            "at all), and checkpoints are read with numpy allow_pickle=False so that a file "
-            "cannot run code. Use a checkpoint written by this project's save_state. "
-            f"({error})"
+        holds = "a pickled Python object (or is no .npz at all)"
+        raise refuse_pickle(
+            f"{path}{where}", holds, "numpy allow_pickle=False", str(error)
         ) from error
     return arrays
 

@@ -36,11 +36,11 @@ def _load_system_zlib() -> None:
 _load_system_zlib()  # must run before `import paddle` below
 
 import cv2  # noqa: E402
-import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 import paddle.io.dataloader.dataloader_iter as _paddle_loader_iter  # noqa: E402
 
 from datasets.sampler import EpochBatchSampler, EpochSampler  # noqa: E402
+from train.backends.common import LoaderKnobs, stack_samples  # noqa: E402
 
 
 class _ShortPolls:
@@ -170,10 +170,6 @@ class PaddleDataset(paddle.io.Dataset):
 
     def __len__(self) -> int:
         return len(self.dataset)
-
-
-def collate_uint8(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {key: np.stack([s[key] for s in samples]) for key in samples[0]}
 
 
 def _worker_init(worker_id: int) -> None:
@@ -315,63 +311,29 @@ def _with_deadline(batches: Iterator, timeout_s: float) -> Iterator:
 
 
 def make_loader(
-    dataset,
-    batch_sampler: EpochBatchSampler,
-    *,
-    num_workers: int,
-    prefetch_factor: int | None = None,
-    persistent_workers: bool = False,
-    use_shared_memory: bool = True,
-    multiprocessing_context: str | None = None,
-    timeout_s: float = 0.0,
-    places=None,
+    dataset, sampler: EpochSampler, knobs: LoaderKnobs, *, use_shared_memory=True, places=None
 ) -> PaddleLoader:
-    """Every knob of train.config.LoaderConfig that Paddle has; ``places`` is the training
-    device: on a GPU, Paddle's buffered reader copies each batch there from pinned memory on its
-    own stream, ahead of use."""
+    """A paddle.io.DataLoader with every knob of ``knobs``, batching ``sampler`` by an
+    EpochBatchSampler; ``places`` is the training device: on a GPU, Paddle's buffered reader
+    copies each batch there from pinned memory on its own stream, ahead of use."""
     check_zlib_load_order()
-    workers = num_workers > 0
-    if workers and multiprocessing_context and _start_method() != multiprocessing_context:
-        multiprocessing.set_start_method(multiprocessing_context, force=True)
+    workers = knobs.num_workers > 0
+    context = knobs.multiprocessing_context
+    if workers and context and _start_method() != context:
+        multiprocessing.set_start_method(context, force=True)
     loader = paddle.io.DataLoader(
         PaddleDataset(dataset),
         places=places,
-        batch_sampler=batch_sampler,
-        num_workers=num_workers,
-        collate_fn=collate_uint8,
+        batch_sampler=EpochBatchSampler(sampler, knobs.batch_size, knobs.drop_last),
+        num_workers=knobs.num_workers,
+        collate_fn=stack_samples,
         use_buffer_reader=True,
         use_shared_memory=use_shared_memory,
-        prefetch_factor=prefetch_factor or 2,
+        prefetch_factor=knobs.prefetch_factor or 2,
         # Not loader.timeout_s: in Paddle this is the dead-worker poll interval (0 = 5 s).
         timeout=0,
         worker_init_fn=_worker_init if workers else None,
-        persistent_workers=persistent_workers and workers,
+        persistent_workers=knobs.persistent_workers and workers,
         return_list=True,
     )
-    return PaddleLoader(loader, timeout_s)
-
-
-def make_loader_from_config(
-    dataset,
-    sampler: EpochSampler,
-    loader_config,
-    *,
-    num_workers: int,
-    train: bool,
-    places=None,
-) -> PaddleLoader:
-    """make_loader with a train.config.LoaderConfig (batch size and drop_last from its
-    ``batching(train)``)."""
-    batch_size, drop_last = loader_config.batching(train)
-    batch_sampler = EpochBatchSampler(sampler, batch_size, drop_last)
-    return make_loader(
-        dataset,
-        batch_sampler,
-        num_workers=num_workers,
-        prefetch_factor=loader_config.prefetch_factor,
-        persistent_workers=loader_config.persistent_workers,
-        use_shared_memory=loader_config.use_shared_memory,
-        multiprocessing_context=loader_config.multiprocessing_context,
-        timeout_s=loader_config.timeout_s,
-        places=places,
-    )
+    return PaddleLoader(loader, knobs.timeout_s)

@@ -1,86 +1,46 @@
-"""Models for the Paddle backend: a CRNN text recognizer (written here: the paddleocr wheel ships
-no ppocr.modeling) and paddle.vision's ResNets.
+"""Models for the Paddle backend, and each task's loss and decoding.
 
-CRNN (Shi, Bai and Yao, 2015): a VGG-style conv stack turns a text-line image [N, C, H, W] into a
-feature sequence along the width, a bidirectional LSTM reads it, and a linear layer scores every
-time step for CTC. The stack shrinks the height 16x (to 1 via a last full-height conv) and the
-width only 4x: a 48 x 320 line gives T = 80 steps, as in PaddleOCR's recognizers, which leaves
-CTC room for 25-character labels with blanks between repeated characters.
+Which models exist, and their sizes, is train/tasks.py's; here each model family has its
+builder: "crnn" (written here, layer by layer from train/backends/common.py's plan: the
+paddleocr wheel ships no ppocr.modeling) and "resnet" (paddle.vision's). HEADS holds what the
+backend does per task: the loss, and the decoding of the model's scores into the predictions
+the task's metric reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import paddle
+import paddle.nn.functional as F
 from paddle import nn
 
-HEIGHT_STRIDE = 16  # pools 2x2, 2x2, 2x1, 2x1
-WIDTH_STRIDE = 4  # pools 2x2, 2x2
+from train.backends.common import Conv, CrnnPlan, Pool, build_layers, crnn_plan, pad_top_k
+from train.tasks import Model
 
 
-@dataclass(frozen=True)
-class CrnnWidths:
-    """Output channels of the four conv stages, and how many BiLSTM layers read the sequence."""
-
-    stages: tuple[int, int, int, int]
-    lstm_layers: int
+def _max_pool(step: Pool) -> nn.Layer:
+    return nn.MaxPool2D(step.size, step.size)
 
 
-CRNN_WIDTHS = {
-    # VGG widths of the original CRNN and two BiLSTM layers (PaddleOCR's EncoderWithRNN also
-    # stacks two): ~8.5M parameters at hidden_size 256, PaddleOCR CRNN scale.
-    "crnn": CrnnWidths(stages=(64, 128, 256, 512), lstm_layers=2),
-    # About 1/20 of the compute: learns the synthetic smoke data in a few hundred CPU steps.
-    "crnn_tiny": CrnnWidths(stages=(16, 32, 64, 96), lstm_layers=1),
-}
-
-
-def _conv_bn_relu(in_channels: int, out_channels: int, kernel=3, padding=1) -> list[nn.Layer]:
-    # No conv bias: the BatchNorm right after it adds its own shift.
-    return [
-        nn.Conv2D(in_channels, out_channels, kernel, padding=padding, bias_attr=False),
-        nn.BatchNorm2D(out_channels),
-        nn.ReLU(),
-    ]
+def _conv_bn_relu(step: Conv) -> list[nn.Layer]:
+    channels = (step.in_channels, step.out_channels)
+    conv = nn.Conv2D(*channels, step.kernel, padding=step.padding, bias_attr=False)
+    return [conv, nn.BatchNorm2D(step.out_channels), nn.ReLU()]
 
 
 class Crnn(nn.Layer):
-    """[N, C, H, W] float images -> [N, T, num_classes] logits, T = W / 4 (class 0 = CTC blank)."""
+    """[N, C, H, W] float images -> [N, T, num_classes] logits (train/backends/common.py's
+    plan), for images exactly plan.height high."""
 
-    def __init__(
-        self,
-        num_classes: int,
-        image_shape: tuple[int, int, int] = (3, 48, 320),
-        widths: CrnnWidths = CRNN_WIDTHS["crnn"],
-        hidden_size: int = 256,
-    ) -> None:
+    def __init__(self, plan: CrnnPlan):
         super().__init__()
-        channels, height, width = image_shape
-        if height % HEIGHT_STRIDE or width % WIDTH_STRIDE:
-            raise ValueError(
-                f"CRNN needs an image height divisible by {HEIGHT_STRIDE} and a width divisible "
-                f"by {WIDTH_STRIDE}, got {height} x {width}; set data.image_shape, e.g. "
-                "[3, 48, 320] or [3, 32, 320]"
-            )
-        s1, s2, s3, s4 = widths.stages
-        self.backbone = nn.Sequential(
-            *_conv_bn_relu(channels, s1),
-            nn.MaxPool2D(2, 2),  # H/2, W/2
-            *_conv_bn_relu(s1, s2),
-            nn.MaxPool2D(2, 2),  # H/4, W/4
-            *_conv_bn_relu(s2, s3),
-            *_conv_bn_relu(s3, s3),
-            nn.MaxPool2D((2, 1), (2, 1)),  # H/8; the width is the time axis from here on
-            *_conv_bn_relu(s3, s4),
-            *_conv_bn_relu(s4, s4),
-            nn.MaxPool2D((2, 1), (2, 1)),  # H/16
-            # A learned full-height conv folds the remaining rows (3 for H = 48) into one.
-            *_conv_bn_relu(s4, s4, kernel=(height // HEIGHT_STRIDE, 1), padding=0),
-        )
-        self.rnn = nn.LSTM(s4, hidden_size, num_layers=widths.lstm_layers, direction="bidirect")
-        self.head = nn.Linear(2 * hidden_size, num_classes)
-        self.height = height
+        self.backbone = nn.Sequential(*build_layers(plan.backbone, _conv_bn_relu, _max_pool))
+        self.rnn = nn.LSTM(*plan.rnn, direction="bidirect")
+        self.head = nn.Linear(*plan.head)
+        self.height = plan.height
 
     def forward(self, images: paddle.Tensor) -> paddle.Tensor:
         if images.shape[2] != self.height:  # the last conv is sized for this height
@@ -94,15 +54,60 @@ class Crnn(nn.Layer):
         return self.head(sequence)
 
 
-def build_model(
-    name: str, num_classes: int, *, image_shape: tuple[int, int, int], hidden_size: int
-) -> nn.Layer:
-    """The model config.model.name names; num_classes includes the CTC blank for OCR."""
-    if name in CRNN_WIDTHS:
-        return Crnn(num_classes, image_shape, CRNN_WIDTHS[name], hidden_size)
-    if name in ("resnet50", "resnet18"):
-        from paddle.vision import models  # deferred: the OCR path does not need it
+def _crnn(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn.Layer:
+    return Crnn(crnn_plan(model.widths, input_shape, hidden_size, num_classes))
 
-        # No pretrained weights: training hosts may have no internet, and these are baselines.
-        return getattr(models, name)(pretrained=False, num_classes=num_classes)
-    raise ValueError(f"unknown model {name!r}; use crnn, crnn_tiny, resnet50 or resnet18")
+
+def _resnet(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn.Layer:
+    from paddle.vision import models  # deferred: the OCR path does not need it
+
+    # No pretrained weights: training hosts may have no internet, and these are baselines.
+    return getattr(models, model.name)(pretrained=False, num_classes=num_classes)
+
+
+FAMILIES: dict[str, Callable[[Model, int, tuple, int], nn.Layer]] = {
+    "crnn": _crnn,
+    "resnet": _resnet,
+}
+
+
+def build_model(
+    model: Model, num_classes: int, *, input_shape: tuple[int, int, int], hidden_size: int
+) -> nn.Layer:
+    """``model`` (train/tasks.py) with ``num_classes`` outputs (the CTC blank included for
+    OCR) for inputs [C, H, W]."""
+    return FAMILIES[model.family](model, num_classes, input_shape, hidden_size)
+
+
+# ---------------------------------------------------------------- per task: loss and decoding
+@dataclass(frozen=True)
+class Head:
+    loss: Callable[[paddle.Tensor, dict[str, paddle.Tensor]], paddle.Tensor]  # float32 logits
+    decode: Callable[[paddle.Tensor], np.ndarray]  # logits -> int64 predictions (the contract's)
+
+
+def _ctc_loss(logits: paddle.Tensor, batch: dict[str, paddle.Tensor]) -> paddle.Tensor:
+    # Paddle's CTC (warp-ctc) takes unnormalized logits [T, N, C] and applies softmax itself
+    # (checked against a reference CTC: log-softmaxed input gives the same loss).
+    # reduction="mean" divides each sample's loss by its label length, then averages.
+    logits = logits.transpose([1, 0, 2])
+    steps, size = logits.shape[0], logits.shape[1]
+    return F.ctc_loss(
+        logits,
+        batch["label"].astype("int32"),
+        paddle.full([size], steps, dtype="int64"),
+        batch["length"].astype("int64"),
+        blank=0,
+        reduction="mean",
+    )
+
+
+def _top5(logits: paddle.Tensor) -> np.ndarray:
+    return pad_top_k(paddle.topk(logits, min(5, logits.shape[1]), axis=1)[1].numpy())
+
+
+HEADS = {
+    # Class per time step [N, T] (0 = blank); the metric decodes CTC greedily.
+    "ocr": Head(_ctc_loss, lambda logits: logits.argmax(axis=2).numpy().astype(np.int64)),
+    "resnet50": Head(lambda logits, batch: F.cross_entropy(logits, batch["label"]), _top5),
+}

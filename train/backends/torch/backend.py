@@ -18,15 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
-from train import tasks
+from train.backends import common
 from train.backends.base import Backend, DistInfo
-from train.backends.torch.data import make_loader_from_config
-from train.backends.torch.models import build_model
+from train.backends.torch.data import make_loader
+from train.backends.torch.models import FAMILIES, HEADS, build_model
+from train.checkpoint import refuse_pickle
 from train.cpus import usable_cores
 from train.schedule import lr_factor
 
@@ -36,15 +36,11 @@ log = logging.getLogger(__name__)
 STATE_FILES = ("model", "optimizer", "scheduler", "scaler", "rng")
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
-    """A checkpoint file holds pickled objects other than tensors and plain containers."""
-
-
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, task: str, train) -> None:
+        super().__init__(task, train)
         self.device = torch.device("cpu")  # until init_distributed picks one
         self.dist = DistInfo()
         self.model: nn.Module | None = None  # what train_step calls (DDP-wrapped when > 1 rank)
@@ -55,9 +51,7 @@ class TorchBackend(Backend):
         self.amp_dtype: torch.dtype | None = None
         self._training_mode: bool | None = None
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None  # pixel scale, shift
-        # zero_infinity: a label too long for the T time steps gives an infinite loss; count it
-        # as zero instead of poisoning the batch with NaN gradients.
-        self._ctc = nn.CTCLoss(blank=0, zero_infinity=True)
+        self._head = HEADS[self.task.name]  # the task's loss and decoding
 
     # --- process ---------------------------------------------------------------------------
     def init_distributed(self) -> DistInfo:
@@ -84,7 +78,7 @@ class TorchBackend(Backend):
         return self.dist
 
     def _pick_device(self) -> torch.device:
-        wanted = self.config.train.device
+        wanted = self.train.device
         if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
             return torch.device("cpu")
         if not torch.cuda.is_available():
@@ -105,9 +99,7 @@ class TorchBackend(Backend):
             return "cpu"
         return f"cuda:{self.device.index} ({torch.cuda.get_device_name(self.device)})"
 
-    def seed_everything(self, seed: int, deterministic: bool) -> None:
-        random.seed(seed)
-        np.random.seed(seed)
+    def seed_framework(self, seed: int, deterministic: bool) -> None:
         torch.manual_seed(seed)  # CPU and every CUDA device
         if deterministic:
             # cuBLAS needs a fixed workspace for reproducible GEMMs; read at its first use.
@@ -121,29 +113,27 @@ class TorchBackend(Backend):
         # a different (equally correct) kernel in each run.
         torch.backends.cudnn.benchmark = not deterministic
 
-    # --- data ------------------------------------------------------------------------------
-    def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
-        if train and self.device.type == "cpu":
-            self._set_cpu_threads(num_workers)
-        return make_loader_from_config(
-            dataset,
-            sampler,
-            loader_config,
-            num_workers=num_workers,
-            train=train,
-            pin_memory=loader_config.pin_memory and self.device.type == "cuda",
-            seed=self.config.seed,
-        )
-
-    def _set_cpu_threads(self, num_workers: int) -> None:
+    def set_cpu_threads(self, num_workers: int) -> None:
         # Training on the CPU, the main process's intra-op pool and the loader workers share
         # the cores: torch's default (one thread per core) would oversubscribe them, and workers
         # starved of CPU make every step wait for data. So give this rank its share of the
         # cores minus one per worker, and never fewer than one thread.
+        if self.device.type != "cpu":
+            return
         cores = max(1, usable_cores() // max(1, self.dist.local_world_size))
         threads = max(1, cores - num_workers)
         torch.set_num_threads(threads)
         log.info("torch threads: %d (%d cores - %d loader workers)", threads, cores, num_workers)
+
+    # --- data ------------------------------------------------------------------------------
+    def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
+        return make_loader(
+            dataset,
+            sampler,
+            common.LoaderKnobs.of(loader_config, num_workers, train),
+            pin_memory=loader_config.pin_memory and self.device.type == "cuda",
+            seed=self.seed,
+        )
 
     def device_batches(self, loader) -> Iterator[dict[str, Any]]:
         if self.device.type == "cuda":
@@ -172,7 +162,7 @@ class TorchBackend(Backend):
         """Scale and shift as [1, C, 1, 1] device tensors, made once (not a host copy per
         batch)."""
         if self._stats is None:
-            scale, shift = tasks.get(self.config.task).pixel_scale_shift()
+            scale, shift = self.task.pixel_scale_shift()
             self._stats = (
                 torch.from_numpy(scale).to(self.device),
                 torch.from_numpy(shift).to(self.device),
@@ -208,15 +198,14 @@ class TorchBackend(Backend):
             yield batch
 
     # --- model and optimization ---------------------------------------------------------------
-    def build(self, num_classes: int, total_steps: int) -> None:
-        config = self.config
+    def build(
+        self, model, optim, input_shape: tuple[int, int, int], num_classes: int, total_steps: int
+    ) -> None:
+        spec = self.task.model(model.name)
         net = build_model(
-            config.model.name,
-            num_classes,
-            image_shape=tuple(config.data.image_shape),
-            hidden_size=config.model.hidden_size,
+            spec, num_classes, input_shape=input_shape, hidden_size=model.hidden_size
         ).to(self.device)
-        if self.device.type == "cuda" and config.task == "resnet50":
+        if self.device.type == "cuda" and FAMILIES[spec.family].channels_last:
             net = net.to(memory_format=torch.channels_last)  # matches device_batches' layout
         self.net = net
         self.model = net
@@ -226,18 +215,13 @@ class TorchBackend(Backend):
             self.model = DistributedDataParallel(
                 net, device_ids=device_ids, gradient_as_bucket_view=True
             )
-        self.optimizer = _make_optimizer(net, config.optim)
-        warmup, schedule = config.optim.warmup_steps, config.optim.schedule
-        self.scheduler = LambdaLR(self.optimizer, lr_factor(schedule, warmup, total_steps))
-        self._setup_amp(config.train.amp)
-
-    def _setup_amp(self, amp: str) -> None:
-        use_amp = amp != "none" and self.device.type == "cuda"
-        if amp != "none" and not use_amp:
-            log.warning("train.amp is %s but the device is the CPU: training in float32", amp)
-        self.amp_dtype = (
-            {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp) if use_amp else None
+        self.optimizer = _make_optimizer(net, optim)
+        self.scheduler = LambdaLR(
+            self.optimizer, lr_factor(optim.schedule, optim.warmup_steps, total_steps)
         )
+        self.grad_clip = optim.grad_clip
+        dtype = common.amp_dtype(self.train.amp, self.device.type == "cuda")
+        self.amp_dtype = getattr(torch, dtype) if dtype else None
         # Only fp16 needs loss scaling (its exponent range is narrow); disabled, the scaler
         # passes everything through and its state is an empty dict.
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
@@ -256,28 +240,18 @@ class TorchBackend(Backend):
         self._set_training(True)
         with self.profile_range("forward"), self._autocast():
             scores = self.model(batch["image"])
-        loss = self._loss(scores, batch)
+        loss = self._head.loss(scores.float(), batch)  # losses in float32 whatever the autocast
         self.optimizer.zero_grad(set_to_none=True)
         with self.profile_range("backward"):
             self.scaler.scale(loss).backward()
         with self.profile_range("optimizer"):
-            clip = self.config.optim.grad_clip
-            if clip is not None:
+            if self.grad_clip is not None:
                 self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
-                nn.utils.clip_grad_norm_(self.net.parameters(), clip)
+                nn.utils.clip_grad_norm_(self.net.parameters(), self.grad_clip)
             self.scaler.step(self.optimizer)  # skipped when fp16 gradients overflowed
             self.scaler.update()
             self.scheduler.step()
         return loss.detach()
-
-    def _loss(self, scores: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
-        scores = scores.float()  # losses in float32 whatever the autocast dtype
-        if self.config.task != "ocr":
-            return F.cross_entropy(scores, batch["label"])
-        log_probs = scores.log_softmax(2).permute(1, 0, 2)  # [T, N, C] as CTCLoss wants
-        steps, size = log_probs.shape[:2]
-        input_lengths = torch.full((size,), steps, dtype=torch.long, device=log_probs.device)
-        return self._ctc(log_probs, batch["label"].long(), input_lengths, batch["length"].long())
 
     def to_float(self, loss: Any) -> float:
         return float(loss.item())
@@ -292,16 +266,10 @@ class TorchBackend(Backend):
         # numbers of evaluation batches.
         with self._autocast():
             scores = self.net(batch["image"])
-        if self.config.task == "ocr":
-            return scores.argmax(2).cpu().numpy().astype(np.int64)
-        k = min(5, scores.shape[1])
-        top = scores.topk(k, dim=1).indices.cpu().numpy().astype(np.int64)
-        if k < 5:  # fewer than 5 classes: pad with -1, which matches no label
-            top = np.pad(top, ((0, 0), (0, 5 - k)), constant_values=-1)
-        return top
+        return self._head.decode(scores)
 
-    def batch_labels(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {key: value.cpu().numpy() for key, value in batch.items() if key != "image"}
+    def to_numpy(self, tensor: torch.Tensor) -> np.ndarray:
+        return tensor.cpu().numpy()
 
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.net.parameters())
@@ -340,12 +308,9 @@ class TorchBackend(Backend):
             # run code from whoever wrote the file.
             return torch.load(path, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as error:
-            raise UnsafeCheckpointError(
-                f"refused to load {path}: it holds pickled objects other than tensors and plain "
-                "containers, and checkpoints are read with torch.load(weights_only=True) so that "
-                "a file cannot run code. Use a checkpoint written by this project's save_state. "
-                f"({str(error).splitlines()[0]})"
-            ) from error
+            holds = "pickled objects other than tensors and plain containers"
+            reader = "torch.load(weights_only=True)"
+            raise refuse_pickle(path, holds, reader, str(error).splitlines()[0]) from error
 
     # --- distributed and telemetry -----------------------------------------------------------
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
@@ -364,11 +329,19 @@ class TorchBackend(Backend):
             torch.cuda.synchronize(self.device)
 
     def profile_range(self, name: str) -> contextlib.AbstractContextManager:
-        if not self.config.train.profile:
+        if not self.train.profile:
             return contextlib.nullcontext()
         if self.device.type == "cuda":
             return torch.cuda.nvtx.range(name)  # shows in Nsight Systems timelines
         return torch.autograd.profiler.record_function(name)  # shows in torch.profiler traces
+
+    def scalar_writer(self, log_dir: Path) -> Any | None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            return SummaryWriter(str(log_dir))
+        except Exception:  # tensorboard is not installed: no scalar log
+            return None
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -16,11 +16,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from datasets.sampler import EpochSampler
+from train.backends.common import LoaderKnobs, stack_samples
 
 
 def collate_uint8(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
     """Stack each field into one contiguous array; torch.from_numpy shares its memory."""
-    return {key: torch.from_numpy(np.stack([s[key] for s in samples])) for key in samples[0]}
+    return {key: torch.from_numpy(value) for key, value in stack_samples(samples).items()}
 
 
 def _worker_init(worker_id: int) -> None:
@@ -58,69 +59,28 @@ def _stop_workers_on_interrupt(batches) -> Iterator:
 
 
 def make_loader(
-    dataset,
-    sampler: EpochSampler,
-    *,
-    batch_size: int,
-    num_workers: int,
-    prefetch_factor: int | None = None,
-    persistent_workers: bool = False,
-    pin_memory: bool = False,
-    multiprocessing_context: str | None = None,
-    timeout_s: float = 0.0,
-    drop_last: bool = True,
-    seed: int = 0,
+    dataset, sampler: EpochSampler, knobs: LoaderKnobs, *, pin_memory: bool = False, seed: int = 0
 ) -> DataLoader:
-    """A DataLoader with uint8 collation; worker-only knobs are dropped when num_workers is 0
-    (DataLoader rejects them there)."""
-    workers = num_workers > 0
+    """A DataLoader with uint8 collation and every knob of ``knobs``; worker-only knobs are
+    dropped when there are no workers (DataLoader rejects them there). pin_memory is the
+    caller's decision (only useful with a GPU)."""
+    workers = knobs.num_workers > 0
     return _EpochLoader(
         dataset,
-        batch_size=batch_size,
+        batch_size=knobs.batch_size,
         sampler=sampler,
-        num_workers=num_workers,
+        num_workers=knobs.num_workers,
         collate_fn=collate_uint8,
         pin_memory=pin_memory and torch.cuda.is_available(),
-        drop_last=drop_last,
-        timeout=timeout_s if workers else 0,
+        drop_last=knobs.drop_last,
+        timeout=knobs.timeout_s if workers else 0,
         worker_init_fn=_worker_init if workers else None,
-        multiprocessing_context=multiprocessing_context if workers else None,
+        multiprocessing_context=knobs.multiprocessing_context if workers else None,
         # Worker seeding: the loader draws each epoch's base seed from this generator, and every
         # worker seeds torch, random and numpy with base seed + worker id. So a run's worker seeds
         # follow config.seed. Augmentation does not depend on them anyway: the dataset seeds each
         # sample from (seed, epoch, index), which makes batches independent of the worker count.
         generator=torch.Generator().manual_seed(seed),
-        prefetch_factor=prefetch_factor if workers else None,
-        persistent_workers=persistent_workers and workers,
-    )
-
-
-def make_loader_from_config(
-    dataset,
-    sampler: EpochSampler,
-    loader_config,
-    *,
-    num_workers: int,
-    train: bool,
-    pin_memory: bool,
-    seed: int,
-) -> DataLoader:
-    """make_loader with every knob of a train.config.LoaderConfig.
-
-    Batch size and drop_last come from ``loader_config.batching(train)``. pin_memory is the
-    caller's decision (only useful with a GPU).
-    """
-    batch_size, drop_last = loader_config.batching(train)
-    return make_loader(
-        dataset,
-        sampler,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        prefetch_factor=loader_config.prefetch_factor,
-        persistent_workers=loader_config.persistent_workers,
-        pin_memory=pin_memory,
-        multiprocessing_context=loader_config.multiprocessing_context,
-        timeout_s=loader_config.timeout_s,
-        drop_last=drop_last,
-        seed=seed,
+        prefetch_factor=knobs.prefetch_factor if workers else None,
+        persistent_workers=knobs.persistent_workers and workers,
     )

@@ -1,96 +1,45 @@
-"""Models for the PyTorch backend: a CRNN text recognizer (written here) and torchvision ResNets.
+"""Models for the PyTorch backend, and each task's loss and decoding.
 
-CRNN (Shi et al., 2015): a VGG-style conv stack turns a text-line image [N, C, H, W] into a
-feature sequence along the width, a bidirectional LSTM reads it, and a linear layer gives
-per-time-step class scores for CTC. With the default input of 48 x 320 the conv stack reduces
-the height to 1 and the width to 80 time steps (stride 4 along W, like PaddleOCR's recognizers),
-enough for the 25-character labels CTC needs room for (repeats are separated by blanks).
+Which models exist, and their sizes, is train/tasks.py's; here each model family has its
+builder: "crnn" (written here, layer by layer from train/backends/common.py's plan) and
+"resnet" (torchvision's). HEADS holds what the backend does per task: the loss, and the
+decoding of the model's scores into the predictions the task's metric reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-# The conv stack halves the height four times (pool 2x2, 2x2, 2x1, 2x1) before the last conv
-# collapses what is left, so the input height must be a multiple of this.
-HEIGHT_STRIDE = 16
-WIDTH_STRIDE = 4
+from train.backends.common import Conv, CrnnPlan, Pool, build_layers, crnn_plan, pad_top_k
+from train.tasks import Model
 
 
-@dataclass(frozen=True)
-class CrnnSize:
-    """Channel widths of the four conv stages and the number of stacked BiLSTM layers."""
-
-    channels: tuple[int, int, int, int]
-    lstm_layers: int
+def _max_pool(step: Pool) -> nn.Module:
+    return nn.MaxPool2d(step.size, step.size)
 
 
-CRNN_SIZES = {
-    # The original CRNN's VGG widths and two BiLSTM layers: about 8M parameters with
-    # hidden_size 256, between PaddleOCR's MobileNetV3 CRNN and its ResNet34-vd CRNN.
-    "crnn": CrnnSize(channels=(64, 128, 256, 512), lstm_layers=2),
-    # A quarter of the widths and one BiLSTM layer (~0.5M parameters, about 1/20 of the
-    # compute): a batch-32 step takes a fraction of a second on two CPU cores. Like any CTC
-    # model trained from scratch it first sits on the all-blank plateau (loss ~4.4 per character
-    # on the Latin smoke data); there it started reading after ~850 steps, not within 300.
-    "crnn_tiny": CrnnSize(channels=(16, 32, 64, 96), lstm_layers=1),
-}
-
-
-def _conv_bn_relu(
-    in_channels: int, out_channels: int, kernel: tuple[int, int], padding: tuple[int, int]
-) -> list[nn.Module]:
-    # No conv bias: the BatchNorm right after it has its own shift.
-    return [
-        nn.Conv2d(in_channels, out_channels, kernel, padding=padding, bias=False),
-        nn.BatchNorm2d(out_channels),
-        nn.ReLU(inplace=True),
-    ]
+def _conv_bn_relu(step: Conv) -> list[nn.Module]:
+    conv = nn.Conv2d(
+        step.in_channels, step.out_channels, step.kernel, padding=step.padding, bias=False
+    )
+    return [conv, nn.BatchNorm2d(step.out_channels), nn.ReLU(inplace=True)]
 
 
 class Crnn(nn.Module):
-    """[N, C, H, W] float images -> [N, T, num_classes] scores, T = W / 4 (class 0 = CTC blank)."""
+    """[N, C, H, W] float images -> [N, T, num_classes] scores (train/backends/common.py's plan)."""
 
-    def __init__(
-        self,
-        num_classes: int,
-        image_shape: tuple[int, int, int] = (3, 48, 320),
-        size: CrnnSize = CRNN_SIZES["crnn"],
-        hidden_size: int = 256,
-    ) -> None:
+    def __init__(self, plan: CrnnPlan):
         super().__init__()
-        in_channels, height, width = image_shape
-        if height % HEIGHT_STRIDE or width % WIDTH_STRIDE:
-            raise ValueError(
-                f"CRNN needs an input height divisible by {HEIGHT_STRIDE} and a width divisible "
-                f"by {WIDTH_STRIDE}, got {height} x {width}; set data.image_shape, e.g. "
-                "[3, 48, 320] or [3, 32, 320]"
-            )
-        c1, c2, c3, c4 = size.channels
-        same = (1, 1)
-        layers: list[nn.Module] = [
-            *_conv_bn_relu(in_channels, c1, (3, 3), same),
-            nn.MaxPool2d(2, 2),  # H/2, W/2
-            *_conv_bn_relu(c1, c2, (3, 3), same),
-            nn.MaxPool2d(2, 2),  # H/4, W/4
-            *_conv_bn_relu(c2, c3, (3, 3), same),
-            *_conv_bn_relu(c3, c3, (3, 3), same),
-            nn.MaxPool2d((2, 1), (2, 1)),  # H/8: keep the width, it becomes the time axis
-            *_conv_bn_relu(c3, c4, (3, 3), same),
-            *_conv_bn_relu(c4, c4, (3, 3), same),
-            nn.MaxPool2d((2, 1), (2, 1)),  # H/16
-            # A learned collapse of the remaining rows (3 for H=48) to one, instead of adaptive
-            # pooling, whose CUDA backward has no deterministic kernel.
-            *_conv_bn_relu(c4, c4, (height // HEIGHT_STRIDE, 1), (0, 0)),
-        ]
-        self.backbone = nn.Sequential(*layers)
-        self.rnn = nn.LSTM(
-            c4, hidden_size, num_layers=size.lstm_layers, bidirectional=True, batch_first=True
-        )
-        self.head = nn.Linear(2 * hidden_size, num_classes)
+        self.backbone = nn.Sequential(*build_layers(plan.backbone, _conv_bn_relu, _max_pool))
+        self.rnn = nn.LSTM(*plan.rnn, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(*plan.head)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images)  # [N, C, 1, T]
@@ -99,14 +48,62 @@ class Crnn(nn.Module):
         return self.head(sequence)
 
 
-def build_model(
-    name: str, num_classes: int, *, image_shape: tuple[int, int, int], hidden_size: int
-) -> nn.Module:
-    """The model config.model.name names; num_classes includes the CTC blank for OCR."""
-    if name in CRNN_SIZES:
-        return Crnn(num_classes, image_shape, CRNN_SIZES[name], hidden_size)
-    if name in ("resnet50", "resnet18"):
-        import torchvision  # deferred: the OCR path does not need it
+def _crnn(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn.Module:
+    return Crnn(crnn_plan(model.widths, input_shape, hidden_size, num_classes))
 
-        return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
-    raise ValueError(f"unknown model {name!r}; use crnn, crnn_tiny, resnet50 or resnet18")
+
+def _resnet(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn.Module:
+    import torchvision  # deferred: the OCR path does not need it
+
+    # No pretrained weights: training hosts may have no internet, and these are baselines.
+    return getattr(torchvision.models, model.name)(weights=None, num_classes=num_classes)
+
+
+@dataclass(frozen=True)
+class Family:
+    build: Callable[[Model, int, Any, int], nn.Module]
+    # Weights in channels_last on CUDA, the layout device_batches gives there: cuDNN's
+    # tensor-core convolutions prefer it (the CRNN's LSTM gains nothing).
+    channels_last: bool
+
+
+FAMILIES = {"crnn": Family(_crnn, channels_last=False), "resnet": Family(_resnet, True)}
+
+
+def build_model(
+    model: Model, num_classes: int, *, input_shape: tuple[int, int, int], hidden_size: int
+) -> nn.Module:
+    """``model`` (train/tasks.py) with ``num_classes`` outputs (the CTC blank included for
+    OCR) for inputs [C, H, W]."""
+    return FAMILIES[model.family].build(model, num_classes, input_shape, hidden_size)
+
+
+# ---------------------------------------------------------------- per task: loss and decoding
+@dataclass(frozen=True)
+class Head:
+    loss: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]  # float32 scores
+    decode: Callable[[torch.Tensor], np.ndarray]  # scores -> int64 predictions (the contract's)
+
+
+# zero_infinity: a label too long for the T time steps gives an infinite loss; count it as zero
+# instead of poisoning the batch with NaN gradients.
+_CTC = nn.CTCLoss(blank=0, zero_infinity=True)
+
+
+def _ctc_loss(scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    log_probs = scores.log_softmax(2).permute(1, 0, 2)  # [T, N, C] as CTCLoss wants
+    steps, size = log_probs.shape[:2]
+    input_lengths = torch.full((size,), steps, dtype=torch.long, device=log_probs.device)
+    return _CTC(log_probs, batch["label"].long(), input_lengths, batch["length"].long())
+
+
+def _top5(scores: torch.Tensor) -> np.ndarray:
+    top = scores.topk(min(5, scores.shape[1]), dim=1).indices
+    return pad_top_k(top.cpu().numpy())
+
+
+HEADS = {
+    # Class per time step [N, T] (0 = blank); the metric decodes CTC greedily.
+    "ocr": Head(_ctc_loss, lambda scores: scores.argmax(2).cpu().numpy().astype(np.int64)),
+    "resnet50": Head(lambda scores, batch: F.cross_entropy(scores, batch["label"]), _top5),
+}

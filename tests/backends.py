@@ -1,0 +1,79 @@
+"""Helpers for the backend tests: small CPU configs over the fixture data, and backends started,
+fed and built the way the training loop does it (test_backend_contract.py and each backend's
+own module)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from datasets.sampler import EpochSampler
+from train import tasks
+from train.backends import make_backend
+from train.config import Config, config_from_dict
+
+
+def make_config(framework: str, task: str, data_path: Path, **sections) -> Config:
+    """A small CPU config over fixture data; each keyword updates that config section."""
+    raw: dict = {
+        "task": task,
+        "framework": framework,
+        "data": {"train": str(data_path), "augment": False},
+        "loader": {"batch_size": 8, "num_workers": 0},
+        "optim": {"name": "adamw", "lr": 1.0e-3, "schedule": "constant"},
+        "train": {"device": "cpu"},
+    }
+    if task == "ocr":  # the fixture data's side files and a model small enough for the CPU
+        raw["data"]["char_dict"] = str(data_path.parent / "charset.txt")
+        raw["model"] = {"name": "crnn_tiny", "hidden_size": 64}
+    else:
+        raw["data"].update(image_size=64, eval_resize=64)
+        raw["model"] = {"name": "resnet18"}
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            raw.setdefault(section, {}).update(values)
+        else:
+            raw[section] = values
+    return config_from_dict(raw)
+
+
+def start(config: Config, seed: int | None = None):
+    backend = make_backend(config)
+    backend.init_distributed()
+    backend.seed_everything(config.seed if seed is None else seed, config.deterministic)
+    return backend
+
+
+def open_dataset(config: Config, train: bool = True):
+    """The training dataset and the model's class count, as train/data.py builds them."""
+    task = tasks.get(config.task)
+    dataset = task.open_dataset(config.data, config.data.train, train=train, seed=config.seed)
+    return dataset, task.num_classes(config.model, dataset)
+
+
+def build(backend, config: Config, num_classes: int, total_steps: int) -> None:
+    input_shape = tasks.get(config.task).input_shape(config.data)
+    backend.build(config.model, config.optim, input_shape, num_classes, total_steps)
+
+
+def first_batches(backend, config: Config, count: int) -> tuple[list, int]:
+    """The first ``count`` device batches of epoch 0 (loaded in the main process), cycled when
+    the dataset has fewer."""
+    dataset, num_classes = open_dataset(config)
+    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, 0, True)
+    batches = list(itertools.islice(backend.device_batches(loader), count))
+    return [batches[i % len(batches)] for i in range(count)], num_classes
+
+
+def record_call(marker: str) -> str:
+    """What unpickling the payload below would run: the proof that loading executed code."""
+    Path(marker).write_text("unpickling ran code")
+    return marker
+
+
+class Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return record_call, (self.marker,)

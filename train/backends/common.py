@@ -1,0 +1,160 @@
+"""What both backends do that needs no framework, written once (framework-free).
+
+- :func:`stack_samples`: the collate step: each field of the samples stacked into one array
+  (uint8 images stay uint8 through worker IPC; the backend normalizes on the device);
+- :class:`LoaderKnobs`: what a framework's DataLoader gets from ``loader:``, by one rule
+  (batch size and drop_last from ``LoaderConfig.batching``);
+- :func:`pad_top_k`: the top-5 prediction of a model with fewer than 5 classes;
+- :func:`amp_dtype`: which autocast dtype ``train.amp`` means on this device (said once when
+  the CPU ignores it);
+- :func:`crnn_plan`: the CRNN, layer by layer, which both backends build (their conv stacks
+  with :func:`build_layers`).
+
+The weight-decay rule lives with the learning-rate curve in train/schedule.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from train.tasks import CrnnWidths
+
+log = logging.getLogger(__name__)
+
+
+def stack_samples(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One contiguous array per field, the samples stacked along a new first axis."""
+    return {key: np.stack([sample[key] for sample in samples]) for key in samples[0]}
+
+
+@dataclass(frozen=True)
+class LoaderKnobs:
+    """What both backends' make_loader take: the loader config for one loader (training or
+    evaluation), with the resolved worker count. Defaults: the frameworks' own."""
+
+    batch_size: int
+    drop_last: bool = True
+    num_workers: int = 0
+    prefetch_factor: int | None = None  # None: 2 batches in flight per worker
+    persistent_workers: bool = False
+    multiprocessing_context: str | None = None  # None: the platform's default start method
+    timeout_s: float = 0.0  # no batch for this long is an error; 0: wait forever
+
+    @classmethod
+    def of(cls, loader_config, num_workers: int, train: bool) -> LoaderKnobs:
+        """``loader_config`` is a train.config.LoaderConfig; ``num_workers`` the resolved count."""
+        batch_size, drop_last = loader_config.batching(train)
+        return cls(
+            batch_size=batch_size,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            prefetch_factor=loader_config.prefetch_factor,
+            persistent_workers=loader_config.persistent_workers,
+            multiprocessing_context=loader_config.multiprocessing_context,
+            timeout_s=loader_config.timeout_s,
+        )
+
+
+def pad_top_k(top: np.ndarray, k: int = 5) -> np.ndarray:
+    """int64 [N, k] class ids, best first: a model with fewer than k classes has its columns
+    padded with -1, which matches no label."""
+    top = np.asarray(top).astype(np.int64)
+    if top.shape[1] < k:
+        top = np.pad(top, ((0, 0), (0, k - top.shape[1])), constant_values=-1)
+    return top
+
+
+def amp_dtype(amp: str, on_gpu: bool) -> str | None:
+    """The autocast dtype ("float16", "bfloat16") for ``train.amp`` on this device; None for
+    float32. AMP is a GPU feature: on the CPU the run trains in float32 and says so once."""
+    if amp != "none" and not on_gpu:
+        log.warning("train.amp is %s but the device is the CPU: training in float32", amp)
+        return None
+    return {"fp16": "float16", "bf16": "bfloat16"}.get(amp)
+
+
+# ---------------------------------------------------------------- the CRNN, as a plan
+# The conv stack halves the height four times (pool 2x2, 2x2, 2x1, 2x1) before the last conv
+# folds what is left, and the width twice: a 48 x 320 line gives T = 80 time steps, as in
+# PaddleOCR's recognizers, room for 25-character labels with blanks between repeats.
+HEIGHT_STRIDE = 16
+WIDTH_STRIDE = 4
+
+
+@dataclass(frozen=True)
+class Conv:
+    """A bias-free conv + BatchNorm + ReLU (the BatchNorm adds its own shift)."""
+
+    in_channels: int
+    out_channels: int
+    kernel: tuple[int, int]
+    padding: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A max pool (kernel = stride)."""
+
+    size: tuple[int, int]
+
+
+def build_layers(plan: list[Conv | Pool], conv: Callable, pool: Callable) -> list:
+    """A framework's layers for ``plan``: ``conv(step)`` gives a Conv step's layers (conv,
+    norm, activation), ``pool(step)`` a Pool step's one layer."""
+    layers = []
+    for step in plan:
+        layers += [pool(step)] if isinstance(step, Pool) else conv(step)
+    return layers
+
+
+@dataclass(frozen=True)
+class CrnnPlan:
+    """The whole CRNN, framework-free. CRNN (Shi, Bai and Yao, 2015): a VGG-style conv stack
+    turns a text-line image [N, C, H, W] into a feature sequence along the width [N, C', 1, T];
+    a bidirectional LSTM reads it and a linear layer scores every time step for CTC."""
+
+    backbone: list[Conv | Pool]
+    rnn: tuple[int, int, int]  # input size, hidden size (per direction), layers; bidirectional
+    head: tuple[int, int]  # in and out features: 2 x hidden -> classes (the CTC blank is 0)
+    height: int  # the image height the last conv is sized for
+
+
+def crnn_plan(
+    widths: CrnnWidths, image_shape: tuple[int, int, int], hidden_size: int, num_classes: int
+) -> CrnnPlan:
+    """The CRNN of ``widths`` for images [C, H, W]: T = W / 4 time steps."""
+    rnn = (widths.stages[-1], hidden_size, widths.lstm_layers)
+    head = (2 * hidden_size, num_classes)
+    return CrnnPlan(_crnn_backbone(widths, image_shape), rnn, head, image_shape[1])
+
+
+def _crnn_backbone(widths: CrnnWidths, image_shape: tuple[int, int, int]) -> list[Conv | Pool]:
+    """The conv stack for images [C, H, W], in order: [N, C, H, W] -> [N, C', 1, W / 4]."""
+    channels, height, width = image_shape
+    if height % HEIGHT_STRIDE or width % WIDTH_STRIDE:
+        raise ValueError(
+            f"CRNN needs an image height divisible by {HEIGHT_STRIDE} and a width divisible "
+            f"by {WIDTH_STRIDE}, got {height} x {width}; set data.image_shape, e.g. "
+            "[3, 48, 320] or [3, 32, 320]"
+        )
+    s1, s2, s3, s4 = widths.stages
+    same = ((3, 3), (1, 1))
+    return [
+        Conv(channels, s1, *same),
+        Pool((2, 2)),  # H/2, W/2
+        Conv(s1, s2, *same),
+        Pool((2, 2)),  # H/4, W/4
+        Conv(s2, s3, *same),
+        Conv(s3, s3, *same),
+        Pool((2, 1)),  # H/8; the width is the time axis from here on
+        Conv(s3, s4, *same),
+        Conv(s4, s4, *same),
+        Pool((2, 1)),  # H/16
+        # A learned full-height conv folds the remaining rows (3 for H = 48) into one, instead
+        # of adaptive pooling, whose CUDA backward has no deterministic kernel.
+        Conv(s4, s4, (height // HEIGHT_STRIDE, 1), (0, 0)),
+    ]
