@@ -122,6 +122,18 @@ def test_load_state_names_what_does_not_fit(checkpoint, ocr_lmdb):
         other.load_state(directory)
 
 
+def test_weight_decay_skips_one_dimensional_parameters(checkpoint):
+    """train/schedule.py's rule, as the torch backend applies it: no decay on biases and norm
+    weights; BatchNorm's running statistics (frozen parameters in Paddle) are not optimized."""
+    backend, _ = checkpoint
+    decayed, free = backend.optimizer._param_groups
+    assert decayed["weight_decay"] == 1e-4 and free["weight_decay"] == 0.0
+    assert all(len(p.shape) > 1 for p in decayed["params"])
+    assert all(len(p.shape) == 1 for p in free["params"])
+    trainable = [p for p in backend.net.parameters() if p.trainable]
+    assert len(decayed["params"]) + len(free["params"]) == len(trainable)
+
+
 # --- loaders ----------------------------------------------------------------------------------
 def test_persistent_workers_start_each_epoch_without_paddles_half_second_poll(ocr_lmdb):
     """Paddle's persistent-worker reset waited in 0.5 s sleeps at every epoch start; with the

@@ -237,3 +237,14 @@ def test_two_process_gloo_all_reduce_barrier_and_ddp(ocr_lmdb):
         assert report["sum"] == [3.0, 1.0]
         assert report["ddp"] == "DistributedDataParallel"
     assert reports[0]["checksum"] == reports[1]["checksum"]  # gradients were averaged
+
+
+# ---------------------------------------------------------------- weight decay
+def test_weight_decay_skips_one_dimensional_parameters(ocr_lmdb):
+    """train/schedule.py's rule, as the Paddle backend applies it: no decay on biases and norm
+    weights."""
+    backend = _small_ocr_backend(ocr_lmdb)
+    decayed, free = backend.optimizer.param_groups
+    assert decayed["weight_decay"] == 1e-4 and free["weight_decay"] == 0.0
+    assert all(p.dim() > 1 for p in decayed["params"]) and all(p.dim() == 1 for p in free["params"])
+    assert len(decayed["params"]) + len(free["params"]) == len(list(backend.net.parameters()))

@@ -28,7 +28,7 @@ from train.backends.torch.data import make_loader
 from train.backends.torch.models import FAMILIES, HEADS, build_model
 from train.checkpoint import refuse_pickle
 from train.cpus import usable_cores
-from train.schedule import lr_factor
+from train.schedule import lr_factor, weight_decay_groups
 
 log = logging.getLogger(__name__)
 
@@ -349,8 +349,9 @@ class TorchBackend(Backend):
 
 
 def _make_optimizer(net: nn.Module, optim) -> torch.optim.Optimizer:
-    """optim is a train.config.OptimConfig; weight decay applies to every parameter."""
-    params = net.parameters()
+    """optim is a train.config.OptimConfig; weight decay by train/schedule.py's rule (none on
+    1-D parameters), as in the Paddle backend."""
+    params = weight_decay_groups(net.parameters(), optim.weight_decay)
     if optim.name == "sgd":
         return torch.optim.SGD(
             params,
