@@ -18,6 +18,10 @@ the remote (one request) and downloads only what changed.
 Endpoint and credentials come only from the AWS environment variables (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ENDPOINT_URL[_S3], AWS_PROFILE, AWS_REGION) and
 the AWS config files, never from training configs. s3fs is imported only when staging.
+
+Stage before a framework is imported: a framework that bundles its own copy of zlib can break
+the compression under the S3 client (aiohttp). ``python -m train`` stages first
+(train/__main__.py); in a process of your own, stage first or use the CLI above.
 """
 
 from __future__ import annotations
@@ -25,19 +29,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
-import zlib  # before paddle can shadow it: see _zlib_shadowed
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -291,9 +291,6 @@ def stage(
     cache, name, started = Path(cache_dir), _entry_name(url), time.monotonic()
     (cache / ".locks").mkdir(parents=True, exist_ok=True)
     opt = s3.TransferOptions(retries, backoff_s, max_cache_bytes, progress)
-    if _zlib_shadowed():
-        _mark_in_use(cache / ".locks" / f"{name}.inuse")  # before the child: no eviction gap
-        return _stage_in_child(url, cache, opt, timeout_s)
     with _locked(cache / ".locks" / f"{name}.lock", url):
         fs = s3.make_fs(timeout_s)
         for attempt in range(3):
@@ -311,60 +308,6 @@ def stage(
     local = cache / name if kind == "prefix" else cache / name / objects[0].rel
     log.info("%s ready at %s (%.2fs)", url, local, time.monotonic() - started)
     return local
-
-
-def _zlib_shadowed() -> bool:
-    """True when CPython's zlib is bound to the copy of zlib inside libpaddle.so.
-
-    paddlepaddle 2.6's libpaddle.so exports its own zlib symbols; a ``zlib`` extension module
-    loaded after it binds to them, and aiohttp (under s3fs) then raises ``zlib.error:
-    inconsistent stream state`` or dies in ``inflateReset2``. Importing this module before
-    paddle avoids it (it imports zlib first). Otherwise only a real round trip tells, so it is
-    tried in a forked child that may crash harmlessly; staging then runs in a clean process.
-    """
-    return "paddle" in sys.modules and not _zlib_works_in_a_fork()
-
-
-@functools.lru_cache(maxsize=1)
-def _zlib_works_in_a_fork() -> bool:
-    """Round-trip zlib as aiohttp uses it, in a forked copy of this process."""
-    pid = os.fork()
-    if pid == 0:  # child: silence paddle's crash report, exercise zlib like aiohttp, leave
-        ok = False
-        with contextlib.suppress(BaseException):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-            for sig in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
-                signal.signal(sig, signal.SIG_DFL)
-            data = b"zlib probe " * 64
-            ok = True
-            for wbits in (15, -15, 31):
-                packer = zlib.compressobj(wbits=wbits)
-                packed = packer.compress(data) + packer.flush()
-                unpacker = zlib.decompressobj(wbits=wbits)
-                ok = ok and unpacker.decompress(packed) + unpacker.flush() == data
-        os._exit(0 if ok else 1)
-    return os.waitpid(pid, 0)[1] == 0
-
-
-def _stage_in_child(url: str, cache: Path, opt: s3.TransferOptions, timeout_s: float) -> Path:
-    """Run ``python -m datasets.remote stage`` in a child and return its path (or its error)."""
-    log.info("paddle was imported before zlib here; staging %s in a child process", url)
-    cmd = [sys.executable, "-m", "datasets.remote", "stage", url, "--cache-dir", str(cache)]
-    cmd += ["--retries", str(opt.retries), "--backoff-s", str(opt.backoff_s)]
-    cmd += ["--timeout-s", str(timeout_s), *([] if opt.progress else ["--quiet"])]
-    if opt.max_cache_bytes is not None:
-        cmd += ["--max-cache-bytes", str(opt.max_cache_bytes)]
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, check=False)
-    for line in proc.stderr.splitlines():
-        log.info("[child] %s", line)
-    if proc.returncode != 0:
-        errors = [ln[7:] for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
-        last = errors[-1] if errors else f"staging child exited with {proc.returncode}"
-        problem, _, hint = last.partition(". HINT: ")
-        raise RemoteStorageError(problem, hint or "see the [child] log lines above")
-    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def release(url: str, cache_dir: str | os.PathLike[str]) -> None:

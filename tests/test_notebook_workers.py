@@ -18,7 +18,7 @@ kernel does to its process tree:
   KeyboardInterrupt's traceback holds the iterator's frames, and IPython keeps that traceback
   (sys.last_traceback, InteractiveTB.tb, for %debug): `del it` alone used to leave the workers
   running until the next error or a restart. So the backends stop an epoch's workers when an
-  interrupt leaves next() (torch: _EpochLoader; Paddle: _with_deadline closes the epoch).
+  interrupt leaves next() (torch: _EpochLoader; Paddle: with_deadline closes the epoch).
 
 Known limit (Paddle, use_shared_memory): batches that workers had put in /dev/shm and that the
 killed kernel had not freed stay there as paddle_<worker pid>_* files (about 20 files, some 7
@@ -62,7 +62,7 @@ FRAMEWORKS = [
     pytest.param("paddle", marks=pytest.mark.paddle),
 ]
 # Where the interrupt lands when the loop waits for data: a frame of the loader's next().
-WAITING_IN = {"torch": "torch/utils/data/dataloader.py", "paddle": "in _with_deadline"}
+WAITING_IN = {"torch": "torch/utils/data/dataloader.py", "paddle": "in with_deadline"}
 
 # Training's recipe (train/loop.py): the backend's make_loader over the project's dataset.
 SETUP_CELL = """

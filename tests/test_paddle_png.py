@@ -81,7 +81,8 @@ from datasets.dataset import build_ocr_dataset
 from datasets.ocr_transforms import CharDict
 from datasets.sampler import EpochSampler
 from train.backends.common import LoaderKnobs
-from train.backends.paddle.data import make_loader, zlib_load_order_problem
+from train.backends.paddle.compat import zlib_load_order_problem
+from train.backends.paddle.data import make_loader
 
 path, charset, context = sys.argv[1:4]
 dataset = build_ocr_dataset(path, CharDict.from_file(charset), train=False, max_bad_fraction=0.0)
@@ -115,7 +116,8 @@ from datasets.dataset import build_ocr_dataset
 from datasets.ocr_transforms import CharDict
 from datasets.sampler import EpochSampler
 from train.backends.common import LoaderKnobs
-from train.backends.paddle.data import ZlibLoadOrderError, make_loader
+from train.backends.paddle.compat import ZlibLoadOrderError
+from train.backends.paddle.data import make_loader
 
 path, charset = sys.argv[1:3]
 dataset = build_ocr_dataset(path, CharDict.from_file(charset), train=False)
@@ -137,7 +139,7 @@ def test_loader_refuses_a_process_where_paddle_loaded_zlib(png_jpeg_lmdb):
 
 
 PADDLEOCR_LMDB_DATASET = """
-import train.backends.paddle.data  # the fix under test: loads the system zlib before paddle
+import train.backends.paddle  # the fix under test: its compat module loads the system zlib first
 import json, sys
 import numpy as np
 import paddle
@@ -197,7 +199,7 @@ import json, sys
 import cv2, numpy as np
 from datasets.lmdb_ocr import LmdbOcrSource
 from datasets.decode import sniff_format
-from train.backends.paddle.data import zlib_load_order_problem  # too late to fix, can tell
+from train.backends.paddle.compat import zlib_load_order_problem  # too late to fix, can tell
 
 print(json.dumps({"problem": zlib_load_order_problem() is not None}), flush=True)
 source = LmdbOcrSource(sys.argv[1])

@@ -319,31 +319,37 @@ def test_cli_stage_prints_the_local_path(s3: S3TestServer, tmp_path: Path) -> No
 
 
 @pytest.mark.paddle
-def test_stage_after_paddle_import_uses_a_clean_process(s3: S3TestServer, tmp_path: Path) -> None:
-    """paddle's bundled zlib breaks aiohttp when imported first; staging must still work."""
-    bucket = _bucket(s3, {"ds/data.mdb": b"pd" * 5000})
-    script = (
-        "import paddle, sys\n"
-        "from datasets import remote\n"
-        "assert remote._zlib_shadowed()\n"
-        "try:\n"
-        "    remote.stage('s3://no-such-bucket-here/ds', sys.argv[1], retries=0)\n"
-        "except remote.RemoteStorageError as exc:\n"
-        "    assert 'bucket does not exist' in exc.problem and exc.hint, exc\n"
-        "else:\n"
-        "    raise SystemExit('expected a RemoteStorageError')\n"
-        f"print(remote.stage('s3://{bucket}/ds', sys.argv[1], retries=1, backoff_s=0.01))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    local = Path(out.stdout.strip().splitlines()[-1])
-    assert (local / "data.mdb").read_bytes() == b"pd" * 5000
+def test_training_on_s3_data_stages_it_before_paddle_is_imported(
+    s3: S3TestServer, tmp_path: Path, ocr_lmdb: Path
+) -> None:
+    """python -m train stages s3:// data (the LMDB and the character list) before the backend
+    imports its framework: Paddle's bundled zlib would break the S3 client in that process."""
+    objects = {f"ocr/train/{p.name}": p.read_bytes() for p in ocr_lmdb.iterdir() if p.is_file()}
+    objects["ocr/charset.txt"] = (ocr_lmdb.parent / "charset.txt").read_bytes()
+    bucket = _bucket(s3, objects)
+    sets = [
+        "framework=paddle",
+        f"data.train=s3://{bucket}/ocr/train",
+        "data.val=null",
+        f"data.char_dict=s3://{bucket}/ocr/charset.txt",
+        f"data.remote_cache_dir={tmp_path / 'cache'}",
+        "loader.num_workers=0",
+        "loader.batch_size=8",
+        "optim.warmup_steps=0",
+        "train.max_steps=2",
+        "train.log_every=1",
+        "train.checkpoint_every=2",
+    ]
+    cmd = [sys.executable, "-m", "train", "--config", "configs/ocr/smoke.yaml"]
+    cmd += ["--output-dir", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stderr.splitlines()
+    staged = [i for i, line in enumerate(lines) if "ready at" in line and "s3://" in line]
+    started = [i for i, line in enumerate(lines) if " ocr paddle on cpu" in line]
+    assert len(staged) == 2 and started and max(staged) < started[0], out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2
 
 
 def test_profile_and_endpoint_from_aws_config_files(

@@ -133,10 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     from datasets.errors import DatasetError, TooManyBadSamplesError
     from train import loop, preflight, report
-    from train.backends import make_backend
+    from train.backends import launcher_rank, make_backend
     from train.checkpoint import CheckpointError
-    from train.data import build_run_data
+    from train.data import build_run_data, stage_remote
 
+    # Remote (s3://) data is staged before the backend imports its framework: a framework's
+    # bundled zlib (Paddle's) could break the S3 client's compression otherwise.
+    setup_logging(None, launcher_rank(config.framework) == 0)
+    try:
+        local_data = stage_remote(config)
+    except DatasetError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_DATA
     backend = make_backend(config)
     dist = backend.init_distributed()
     run_dir = Path(args.output_dir or config.output.dir)
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SHM
     data = None
     try:
-        data = build_run_data(config, run_dir)
+        data = build_run_data(config, run_dir, local_data)
         summary = loop.train(config, backend, dist, data, run_dir, resume, workers)
     except loop.StopRequested as exc:
         log.warning("%s; continue with --resume", exc)

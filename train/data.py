@@ -49,7 +49,8 @@ def stage_remote(config):
 
 def build_run_data(config, run_dir: Path, local_data=None) -> RunData:
     """The training and validation datasets of ``config``. ``local_data`` is config.data with
-    local paths (:func:`stage_remote`); None: staged here."""
+    local paths (:func:`stage_remote`, which python -m train calls before it imports a
+    framework); None: staged here."""
     task = tasks.get(config.task)
     data = local_data if local_data is not None else stage_remote(config)
     policy = dict(

@@ -8,6 +8,7 @@ and only the one a config asks for is imported.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -18,6 +19,16 @@ BACKENDS = {
     "torch": ("train.backends.torch.backend", "TorchBackend"),
     "paddle": ("train.backends.paddle.backend", "PaddleBackend"),
 }
+
+
+# The environment variable in which each framework's launcher (torchrun,
+# python -m paddle.distributed.launch) gives a process its rank.
+RANK_VARIABLES = {"torch": "RANK", "paddle": "PADDLE_TRAINER_ID"}
+
+
+def launcher_rank(framework: str) -> int:
+    """This process's rank, as its launcher set it, without importing the framework."""
+    return int(os.environ.get(RANK_VARIABLES[framework], "0"))
 
 
 def make_backend(config) -> Backend:

@@ -1,9 +1,7 @@
 """PaddlePaddle backend.
 
-``import zlib`` comes first on purpose: libpaddle.so exports its own copy of zlib's symbols, and
-Python's zlib module (used by PNG decoding paths, aiohttp/s3fs, gzip) loaded after
-``import paddle`` binds to that copy and fails with "zlib.error: inconsistent stream state" or
-aborts in inflateReset2. Loaded before paddle, it binds to the system zlib.
+compat.py comes first on purpose: it loads the system zlib (Python's module and libz.so.1)
+before paddle, and holds every other workaround for Paddle 2.6 (docs/paddle_png_zlib.md).
 """
 
-import zlib  # noqa: F401  (must precede any paddle import; see above)
+from train.backends.paddle import compat  # noqa: F401  (must precede any paddle import)

@@ -10,10 +10,6 @@ and on several GPUs or CPU processes:
 
 from __future__ import annotations
 
-# First: this module loads the system zlib before paddle (docs/paddle_png_zlib.md).
-from train.backends.paddle import data as paddle_data
-
-# isort: split
 import contextlib
 import json
 import logging
@@ -31,6 +27,7 @@ from paddle.utils import unique_name
 
 from train.backends import common
 from train.backends.base import Backend, DistInfo
+from train.backends.paddle import data as paddle_data
 from train.backends.paddle.models import HEADS, build_model
 from train.checkpoint import refuse_pickle
 from train.schedule import lr_factor, weight_decay_groups
