@@ -1,0 +1,174 @@
+"""The ``_probe`` helper (runs in a framework's venv): the framework build and a few ops on the
+device, each on its own so that the first failing one names the library (elementwise, matmul:
+cuBLAS, conv2d: cuDNN, LSTM and CTC loss: what the CRNN uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .util import emit, short_error
+
+
+def helper_probe(args: argparse.Namespace) -> int:
+    """The framework build and a few ops on the device: elementwise, matmul (cuBLAS), conv2d
+    (cuDNN), LSTM and CTC loss (what the CRNN uses). One JSON line."""
+    facts: dict = {"framework": args.framework, "device": args.device}
+    ops: dict[str, str] = {}
+    try:
+        if args.framework == "torch":
+            ops = _probe_torch(facts, args.device)
+        else:
+            ops = _probe_paddle(facts, args.device)
+    except BaseException as error:  # noqa: BLE001  (report, whatever it is)
+        facts.update(ok=False, error=short_error(error), ops=ops)
+        emit(facts)
+        return 0
+    bad = {name: result for name, result in ops.items() if result != "ok"}
+    facts.update(ok=not bad, ops=ops)
+    if bad:
+        facts["error"] = "; ".join(f"{name}: {result}" for name, result in bad.items())
+    emit(facts)
+    return 0
+
+
+def _probe_torch(facts: dict, device_kind: str) -> dict[str, str]:
+    """torch's build into ``facts``; its ops' results on ``device_kind`` (gpu or cpu)."""
+    import torch
+
+    facts.update(
+        version=torch.__version__,
+        cuda=torch.version.cuda,
+        compiled_with_cuda=torch.version.cuda is not None,
+        cudnn_runtime=torch.backends.cudnn.version(),
+    )
+    if device_kind == "gpu":
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda.is_available() is False")
+        device = torch.device("cuda", 0)
+        facts.update(
+            device_name=torch.cuda.get_device_name(0),
+            capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+            arch_list=torch.cuda.get_arch_list(),
+        )
+    else:
+        device = torch.device("cpu")
+    return _torch_ops(torch, device)
+
+
+def _probe_paddle(facts: dict, device_kind: str) -> dict[str, str]:
+    """Paddle's build into ``facts``; its ops' results on ``device_kind`` (gpu or cpu)."""
+    import paddle
+
+    compiled = bool(paddle.is_compiled_with_cuda())
+    facts.update(
+        version=paddle.__version__,
+        compiled_with_cuda=compiled,
+        cuda=paddle.version.cuda() if compiled else None,
+        cudnn=paddle.version.cudnn() if compiled else None,
+    )
+    if device_kind == "gpu":
+        if not compiled:
+            raise RuntimeError("this is Paddle's CPU build")
+        count = paddle.device.cuda.device_count()
+        if count == 0:
+            raise RuntimeError("Paddle sees no GPU (paddle.device.cuda.device_count() == 0)")
+        paddle.set_device("gpu:0")
+        facts.update(
+            device_name=paddle.device.cuda.get_device_name(0),
+            capability=".".join(map(str, paddle.device.cuda.get_device_capability(0))),
+            cudnn_runtime=paddle.get_cudnn_version(),
+        )
+    else:
+        paddle.set_device("cpu")
+    return _paddle_ops(paddle)
+
+
+def _run_ops(ops) -> dict[str, str]:
+    results = {}
+    for name, op in ops:
+        try:
+            op()
+            results[name] = "ok"
+        except Exception as error:  # each op on its own: the first failure names the library
+            results[name] = short_error(error)
+    return results
+
+
+def _torch_ops(torch, device) -> dict[str, str]:
+    import torch.nn.functional as F
+
+    def elementwise():
+        value = float((torch.arange(4.0, device=device) * 2).sum())  # float() waits
+        assert value == 12.0, value
+
+    def matmul():
+        a = torch.randn(64, 64, device=device)
+        float((a @ a).sum())
+
+    def conv2d():
+        conv = torch.nn.Conv2d(3, 8, 3).to(device)
+        float(conv(torch.randn(2, 3, 16, 16, device=device)).sum())
+
+    def lstm():
+        net = torch.nn.LSTM(8, 8, bidirectional=True).to(device)
+        float(net(torch.randn(5, 2, 8, device=device))[0].sum())
+
+    def ctc():
+        log_probs = torch.randn(10, 2, 5, device=device).log_softmax(2)
+        targets = torch.tensor([[1, 2], [3, 4]], device=device)
+        lengths = torch.full((2,), 10, dtype=torch.long, device=device)
+        float(F.ctc_loss(log_probs, targets, lengths, torch.tensor([2, 2], device=device)))
+
+    return _run_ops(
+        [
+            ("elementwise", elementwise),
+            ("matmul", matmul),
+            ("conv2d", conv2d),
+            ("lstm", lstm),
+            ("ctc_loss", ctc),
+        ]
+    )
+
+
+def _paddle_ops(paddle) -> dict[str, str]:
+    import paddle.nn.functional as F
+
+    def elementwise():
+        value = float((paddle.arange(4, dtype="float32") * 2).sum())
+        assert value == 12.0, value
+
+    def matmul():
+        a = paddle.randn([64, 64])
+        float(paddle.matmul(a, a).sum())
+
+    def conv2d():
+        conv = paddle.nn.Conv2D(3, 8, 3)
+        float(conv(paddle.randn([2, 3, 16, 16])).sum())
+
+    def lstm():
+        net = paddle.nn.LSTM(8, 8, direction="bidirect")
+        float(net(paddle.randn([2, 5, 8]))[0].sum())
+
+    def ctc():
+        logits = paddle.randn([10, 2, 5])
+        labels = paddle.to_tensor([[1, 2], [3, 4]], dtype="int32")
+        loss = F.ctc_loss(
+            logits,
+            labels,
+            paddle.full([2], 10, dtype="int64"),
+            paddle.full([2], 2, dtype="int64"),
+            blank=0,
+            reduction="mean",
+        )
+        float(loss)
+
+    return _run_ops(
+        [
+            ("elementwise", elementwise),
+            ("matmul", matmul),
+            ("conv2d", conv2d),
+            ("lstm", lstm),
+            ("ctc_loss", ctc),
+        ]
+    )

@@ -1,0 +1,293 @@
+"""The helper commands, which the orchestrator runs as children in a framework's venv
+(``python scripts/gpu_check _NAME ...``): ``_probe`` (device_probe.py), ``_configs`` (command
+lines through the config loader), ``_data`` (synthetic datasets), ``_train`` (``python -m train``
+plus peak device memory, optionally without the torch side-stream prefetcher) and ``_synthetic``
+(ResNet-50 steps on random device tensors). Each answers in a stats file or one ``GPU-CHECK``
+line. Framework and project imports happen inside them, in the venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .device_probe import helper_probe
+from .plan import FRAMEWORKS, ROOT
+from .util import emit, short_error
+
+
+def _project_path() -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)
+
+
+def helper_configs(args: argparse.Namespace) -> int:
+    """load_config() on the --config and --set items of each command line: the errors, by name."""
+    from train.config import load_config
+
+    commands = json.loads(Path(args.commands).read_text())
+    errors = {}
+    for name, argv in commands.items():
+        config = argv[argv.index("--config") + 1]
+        overrides = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+        try:
+            load_config(config, overrides)
+        except Exception as error:  # ConfigError, or whatever else the loader raises
+            errors[name] = (
+                short_error(error) if not str(error).startswith("config error") else str(error)
+            )
+    emit({"validated": len(commands), "errors": errors})
+    return 0
+
+
+def _imagenet_chunk(job: tuple[int, int, int]) -> list[tuple[bytes, int]]:
+    from datasets.synthetic import imagenet_samples
+
+    count, classes, seed = job
+    return list(imagenet_samples(count, classes, seed))
+
+
+def helper_data(args: argparse.Namespace) -> int:
+    """Digit lines for the OCR (as make train-ocr) and ImageNet-like JPEGs, written with the
+    project's writers; the images are drawn in parallel (one chunk per seed)."""
+    started = time.perf_counter()
+    out = Path(args.out)
+    _write_ocr(out / "ocr", args.ocr_lines)
+    _write_images(out / "imagenet", args.images_train, args.images_val, args.classes)
+    emit(
+        {
+            "ocr_lines": args.ocr_lines,
+            "images_train": args.images_train,
+            "images_val": args.images_val,
+            "classes": args.classes,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+    )
+    return 0
+
+
+def _write_ocr(ocr: Path, lines: int) -> None:
+    """charset.txt and the train and val LMDBs (a tenth of the lines, at least 8, for val)."""
+    from datasets.lmdb_ocr import LmdbOcrWriter
+    from datasets.synthetic import ocr_charset, ocr_samples, write_all
+
+    charset, font = ocr_charset("digits")
+    ocr.mkdir(parents=True, exist_ok=True)
+    (ocr / "charset.txt").write_text("".join(c + "\n" for c in charset), encoding="utf-8")
+    val_lines = max(8, lines // 10)
+    for split, count, seed in (("train", lines - val_lines, 0), ("val", val_lines, 1)):
+        samples = ocr_samples(count, charset, font, seed, max_len=6)
+        write_all(LmdbOcrWriter(ocr / split, overwrite=True), samples)
+
+
+def _write_images(imagenet: Path, train: int, val: int, classes: int) -> None:
+    """train.h5 and val.h5, their JPEGs drawn by a pool of processes in chunks of 32."""
+    import multiprocessing
+
+    from datasets.hdf5_images import Hdf5ImageWriter
+    from datasets.synthetic import write_all
+
+    names = [f"class_{i:04d}" for i in range(classes)]
+    chunk = 32
+    processes = max(1, min(8, (os.cpu_count() or 1)))
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        for split, count, seed in (("train", train, 0), ("val", val, 1_000_003)):
+            jobs = [
+                (min(chunk, count - start), classes, seed + start)
+                for start in range(0, count, chunk)
+            ]
+            writer = Hdf5ImageWriter(imagenet / f"{split}.h5", names, overwrite=True)
+            rows = (sample for part in pool.imap(_imagenet_chunk, jobs) for sample in part)
+            write_all(
+                writer,
+                ((image, label, f"{split}-{i:06d}.jpg") for i, (image, label) in enumerate(rows)),
+            )
+
+
+def _peak_memory_mb() -> tuple[str, float | None]:
+    """The framework's device and its peak allocated device memory in this process (MiB)."""
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_initialized():
+            return f"cuda:{torch.cuda.current_device()}", torch.cuda.max_memory_allocated() / 2**20
+        return "cpu", None
+    if "paddle" in sys.modules:
+        import paddle
+
+        device = paddle.device.get_device()
+        if device.startswith("gpu"):
+            return device, paddle.device.cuda.max_memory_allocated() / 2**20
+        return device, None
+    return "none", None
+
+
+def _without_prefetch() -> None:
+    """TorchBackend.device_batches without the side stream: the CPU path's per-batch copy."""
+    from train.backends.torch import backend as torch_backend
+
+    cls = torch_backend.TorchBackend
+    if not hasattr(cls, "_to_device"):
+        raise RuntimeError("TorchBackend has no _to_device: cannot switch the prefetcher off")
+
+    def device_batches_without_prefetch(self, loader):
+        return (self._to_device(batch) for batch in loader)
+
+    cls.device_batches = device_batches_without_prefetch
+
+
+def helper_train(args: argparse.Namespace) -> int:
+    """``python -m train ARGS`` in this process (runpy, as -m does), then the peak device memory
+    into the stats file."""
+    import runpy
+
+    _project_path()
+    stats: dict = {"prefetch_patched": False}
+    code: int | str | None = 0
+    try:
+        if args.no_prefetch:
+            _without_prefetch()
+            stats["prefetch_patched"] = True
+        sys.argv = ["python -m train", *args.train_args]
+        runpy.run_module("train", run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        code = exit_.code
+    except BaseException as error:
+        stats["error"] = short_error(error)
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            stats["device"], stats["peak_mem_mb"] = _peak_memory_mb()
+        stats["exit"] = code
+        Path(args.stats).write_text(json.dumps(stats, default=str))
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        return 1
+    return int(code or 0)
+
+
+def _make_backend(config):
+    """train/backends' make_backend, wherever this checkout keeps it."""
+    try:
+        from train.backends import make_backend
+    except ImportError:  # before train/backends/__init__.py registered the backends
+        from train.backends.base import make_backend
+    return make_backend(config)
+
+
+def _build(backend, config, num_classes: int, total_steps: int) -> None:
+    """Backend.build for either form of the contract: build(model, optim, input_shape,
+    num_classes, total_steps) or the older build(num_classes, total_steps)."""
+    import inspect
+
+    if "optim" in inspect.signature(backend.build).parameters:
+        shape = (3, config.data.image_size, config.data.image_size)  # the ResNet task's input
+        backend.build(config.model, config.optim, shape, num_classes, total_steps)
+    else:
+        backend.build(num_classes, total_steps)
+
+
+def helper_synthetic(args: argparse.Namespace) -> int:
+    """The torch backend's own build() and train_step() on random device tensors (NCHW,
+    channels-last on CUDA, as its device_batches hands them over): the images/s with no loader."""
+    _project_path()
+    import torch
+
+    from train.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    backend = _make_backend(config)
+    backend.init_distributed()
+    if not backend.uses_gpu:
+        # The CPU number is no measurement (the dry-run's); one thread keeps it from spinning
+        # against the other processes on a small host.
+        torch.set_num_threads(1)
+    backend.seed_everything(config.seed, config.deterministic)
+    _build(backend, config, args.classes, args.warmup + args.steps)
+    device = torch.device("cuda", torch.cuda.current_device()) if backend.uses_gpu else "cpu"
+    size, batch_size = config.data.image_size, config.loader.batch_size
+    images = torch.randn(batch_size, 3, size, size, device=device)
+    if backend.uses_gpu:
+        images = images.contiguous(memory_format=torch.channels_last)
+    batch = {"image": images, "label": torch.randint(0, args.classes, (batch_size,), device=device)}
+    final, elapsed = _timed_steps(backend, batch, args.warmup, args.steps)
+    memory = torch.cuda.max_memory_allocated() / 2**20 if backend.uses_gpu else None
+    backend.shutdown()
+    stats = {
+        "images_per_s": args.steps * batch_size / elapsed,
+        "batch": batch_size,
+        "image_size": size,
+        "steps": args.steps,
+        "model": config.model.name,
+        "amp": config.train.amp if backend.uses_gpu else "none (CPU)",
+        "device": backend.device_name,
+        "loss": final,
+        "peak_mem_mb": memory,
+    }
+    Path(args.stats).write_text(json.dumps(stats))
+    return 0
+
+
+def _timed_steps(backend, batch: dict, warmup: int, steps: int) -> tuple[float, float]:
+    """``warmup`` untimed train steps, then ``steps`` timed ones: the last loss and the seconds."""
+    for _ in range(warmup):
+        loss = backend.train_step(batch)
+    backend.to_float(loss)
+    backend.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        loss = backend.train_step(batch)
+    final = backend.to_float(loss)
+    backend.synchronize()
+    return final, time.perf_counter() - started
+
+
+def helper_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scripts/gpu_check (helper)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("_probe")
+    p.add_argument("--framework", choices=FRAMEWORKS, required=True)
+    p.add_argument("--device", choices=("gpu", "cpu"), required=True)
+    p = sub.add_parser("_configs")
+    p.add_argument("--commands", required=True)
+    p = sub.add_parser("_data")
+    p.add_argument("--out", required=True)
+    for option in ("--ocr-lines", "--images-train", "--images-val", "--classes"):
+        p.add_argument(option, type=int, required=True)
+    p = sub.add_parser("_train")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--no-prefetch", action="store_true")
+    p.add_argument("train_args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("_synthetic")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("--classes", type=int, required=True)
+    p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    return parser
+
+
+def helper_main(argv: list[str]) -> int:
+    """Run the helper command ``argv[0]`` (a name starting with "_"); its exit code."""
+    args = helper_parser().parse_args(argv)
+    if args.command == "_train" and args.train_args[:1] == ["--"]:
+        args.train_args = args.train_args[1:]
+    if args.command in ("_data", "_configs"):
+        _project_path()
+    handlers = {
+        "_configs": helper_configs,
+        "_probe": helper_probe,
+        "_data": helper_data,
+        "_train": helper_train,
+        "_synthetic": helper_synthetic,
+    }
+    return handlers[args.command](args)

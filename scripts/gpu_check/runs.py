@@ -1,0 +1,75 @@
+"""Reading a training run's directory: metrics.jsonl records, the latest checkpoint, train.log
+(the device it trained on, the step it resumed from) and throughput over the logging windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from pathlib import Path
+
+from .plan import Plan
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    records = []
+    with contextlib.suppress(OSError):
+        for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if record.get("type") == "train":
+                    records.append(record)
+    return records
+
+
+def latest_checkpoint(run_dir: Path) -> str | None:
+    marker = run_dir / "checkpoints" / "latest"
+    with contextlib.suppress(OSError):
+        name = marker.read_text().strip()
+        if (run_dir / "checkpoints" / name / "trainer.json").is_file():
+            return name
+    return None
+
+
+def train_log(run_dir: Path) -> str:
+    with contextlib.suppress(OSError):
+        return (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
+    return ""
+
+
+RUN_LINE = re.compile(r"INFO train: run .*?: \w+ \w+ on (.+?), \d+ rank")
+RESUMED = re.compile(r"resumed from (\S+) \(epoch (\d+), step (\d+)\)")
+CPU_AMP_WARNING = "but the device is the CPU: training in float32"
+
+
+def run_device(log: str) -> str | None:
+    found = RUN_LINE.findall(log)
+    return found[-1] if found else None
+
+
+def on_expected_device(plan: Plan, device: str | None) -> bool:
+    if device is None:
+        return False
+    return device.startswith("cpu") != plan.gpu
+
+
+def window_stats(records: list[dict], skip_first: bool = True) -> dict:
+    """samples/s and data-wait share over the logging windows (the first, warm-up one dropped),
+    weighted by each window's wall time, as the run's summary does."""
+    used = records[1:] if skip_first and len(records) > 1 else records
+    wall = wait = samples = 0.0
+    previous = records[0]["step"] if skip_first and len(records) > 1 else 0
+    for record in used:
+        steps = max(1, record["step"] - previous)
+        previous = record["step"]
+        wall += record["batch_cost_s"] * steps
+        wait += record["reader_cost_s"] * steps
+        samples += record["samples_per_s"] * record["batch_cost_s"] * steps
+    util = [r["gpu_util"] for r in used if "gpu_util" in r]
+    return {
+        "samples_per_s": samples / wall if wall else None,
+        "data_wait_fraction": min(1.0, wait / wall) if wall else None,
+        "windows": len(used),
+        "gpu_util_mean": sum(util) / len(util) if util else None,
+    }
