@@ -36,113 +36,185 @@ def evaluate(backend, loader, task: str) -> dict[str, float]:
 def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, workers: int) -> dict:
     """Run to train.max_steps or train.epochs, whichever comes first; return the summary.
     ``workers`` is the resolved loader.num_workers (after the /dev/shm policy)."""
-    loader_cfg, train_cfg = config.loader, config.train
-    sampler = EpochSampler(
-        len(data.train), shuffle=True, seed=config.seed, rank=dist.rank, world_size=dist.world_size
-    )
-    backend.set_cpu_threads(workers)
-    loader = backend.make_loader(data.train, sampler, loader_cfg, workers, train=True)
-    val_loader = None
-    if data.val is not None:
-        val_sampler = EpochSampler(
-            len(data.val), shuffle=False, rank=dist.rank, world_size=dist.world_size
+    run = Run(config, backend, dist, data, run_dir, resume, workers)
+    while run.position.step < run.total_steps:
+        epoch_ended = run.train_epoch()
+        if run.stopping:
+            run.stop()  # a checkpoint, then StopRequested
+        if epoch_ended:
+            run.end_epoch()
+    run.evaluate_and_save()  # unless this step's are done already
+    return run.finish()
+
+
+class Run:
+    """One training run: its loaders, model, position and telemetry, and the steps of the loop
+    in the order train() calls them."""
+
+    def __init__(
+        self, config, backend, dist, data: RunData, run_dir: Path, resume: bool, workers: int
+    ) -> None:
+        self.config, self.backend, self.dist, self.data = config, backend, dist, data
+        self.run_dir = run_dir
+        loader_cfg, train_cfg = config.loader, config.train
+        self.batch_size, self.train_cfg = loader_cfg.batch_size, train_cfg
+
+        # Data: this rank's share of each epoch, in batches of uint8 arrays.
+        self.sampler = EpochSampler(
+            len(data.train),
+            shuffle=True,
+            seed=config.seed,
+            rank=dist.rank,
+            world_size=dist.world_size,
         )
-        val_loader = backend.make_loader(data.val, val_sampler, loader_cfg, workers, train=False)
-
-    steps_per_epoch = len(sampler) // loader_cfg.batch_size
-    if steps_per_epoch < 1:
-        raise DatasetError(
-            f"loader.batch_size {loader_cfg.batch_size} is larger than this rank's "
-            f"{len(sampler)} samples of {config.data.train}",
-            "lower loader.batch_size (or use fewer ranks)",
-        )
-    total_steps = min(train_cfg.max_steps or math.inf, train_cfg.epochs * steps_per_epoch)
-    input_shape = tasks.get(config.task).input_shape(config.data)
-    backend.build(config.model, config.optim, input_shape, data.num_classes, int(total_steps))
-    position = checkpoint.restore(run_dir, backend, config) if resume else checkpoint.Position()
-
-    knobs = (
-        f"workers={workers} prefetch={loader_cfg.prefetch_factor or 2} "
-        f"persistent={loader_cfg.persistent_workers} batch={loader_cfg.batch_size}"
-    )
-    telemetry = Telemetry(
-        run_dir,
-        dist.is_main,
-        loader_cfg.batch_size * dist.world_size,
-        dist.local_rank,
-        knobs,
-        train_cfg.stall_warn_fraction,
-        backend.scalar_writer(run_dir / "scalars") if dist.is_main else None,
-    )
-    stop = _install_stop_handler()
-    last_eval: dict[str, float] = {}
-    telemetry.start_progress(int(total_steps), position.step)
-
-    loss = None
-
-    def save() -> int:
-        if dist.is_main:
-            checkpoint.save(run_dir, backend, position, train_cfg.keep_last, config)
-        backend.barrier()
-        return position.step
-
-    def run_eval() -> int:
-        nonlocal last_eval
-        if val_loader is not None:
-            last_eval = evaluate(backend, val_loader, config.task)
-            telemetry.emit(
-                {"type": "eval", "step": position.step, "epoch": position.epoch, **last_eval}
+        backend.set_cpu_threads(workers)
+        self.loader = backend.make_loader(data.train, self.sampler, loader_cfg, workers, train=True)
+        self.val_loader = None
+        if data.val is not None:
+            val_sampler = EpochSampler(
+                len(data.val), shuffle=False, rank=dist.rank, world_size=dist.world_size
             )
-        return position.step
+            self.val_loader = backend.make_loader(
+                data.val, val_sampler, loader_cfg, workers, train=False
+            )
+        steps_per_epoch = len(self.sampler) // loader_cfg.batch_size
+        if steps_per_epoch < 1:
+            raise DatasetError(
+                f"loader.batch_size {loader_cfg.batch_size} is larger than this rank's "
+                f"{len(self.sampler)} samples of {config.data.train}",
+                "lower loader.batch_size (or use fewer ranks)",
+            )
+        self.total_steps = int(
+            min(train_cfg.max_steps or math.inf, train_cfg.epochs * steps_per_epoch)
+        )
 
-    saved_at = evaluated_at = None
-    stopping = False
-    while position.step < total_steps:
-        sampler.set_epoch(position.epoch, start=position.epoch_samples)
-        data.train.start_epoch(position.epoch)
-        for batch in telemetry.timed(backend.device_batches(loader)):
+        # Model, optimizer and schedule; on --resume, their state and where the run was.
+        input_shape = tasks.get(config.task).input_shape(config.data)
+        backend.build(config.model, config.optim, input_shape, data.num_classes, self.total_steps)
+        self.position = (
+            checkpoint.restore(run_dir, backend, config) if resume else checkpoint.Position()
+        )
+
+        knobs = (
+            f"workers={workers} prefetch={loader_cfg.prefetch_factor or 2} "
+            f"persistent={loader_cfg.persistent_workers} batch={loader_cfg.batch_size}"
+        )
+        self.telemetry = Telemetry(
+            run_dir,
+            dist.is_main,
+            loader_cfg.batch_size * dist.world_size,
+            dist.local_rank,
+            knobs,
+            train_cfg.stall_warn_fraction,
+            backend.scalar_writer(run_dir / "scalars") if dist.is_main else None,
+        )
+        self.stop_flag = _install_stop_handler()
+        self.stopping = False
+        self.loss = None
+        self.last_eval: dict[str, float] = {}
+        self.saved_at = self.evaluated_at = None  # the steps of the last checkpoint, evaluation
+        self.telemetry.start_progress(self.total_steps, self.position.step)
+
+    def train_epoch(self) -> bool:
+        """Train this epoch's batches (the rest of them, on resume) until they end, the run's
+        last step, or a stop request. Returns whether the epoch's batches are all done."""
+        position, every, backend = self.position, self.train_cfg, self.backend
+        self.sampler.set_epoch(position.epoch, start=position.epoch_samples)
+        self.data.train.start_epoch(position.epoch)
+        for batch in self.telemetry.timed(backend.device_batches(self.loader)):
             with backend.profile_range("train_step"):
-                loss = backend.train_step(batch)
+                self.loss = backend.train_step(batch)
             position.step += 1
-            position.epoch_samples += loader_cfg.batch_size
-            telemetry.step_done(position.step)
-            if position.step % train_cfg.log_every == 0:
-                bad = sum(data.train.bad_log.epoch_counts().values())
-                telemetry.log_window(
-                    position.step, position.epoch, backend.to_float(loss), backend.current_lr(), bad
-                )
-            if train_cfg.eval_every and position.step % train_cfg.eval_every == 0:
-                evaluated_at = run_eval()
-            if train_cfg.checkpoint_every and position.step % train_cfg.checkpoint_every == 0:
-                saved_at = save()
-            stopping = _stop_now(stop, position.step, train_cfg.log_every, dist, backend)
-            if stopping or position.step >= total_steps:
-                break
-        else:  # the epoch ran to its end
-            _end_epoch(data, telemetry, position)
-            if not train_cfg.eval_every:
-                evaluated_at = run_eval()
-            if not train_cfg.checkpoint_every:
-                saved_at = save()
-            continue
-        if stopping:
-            if saved_at != position.step:
-                save()
-            # The checkpoint is on disk and nothing is left to save: ignore the rest of a
-            # launcher's burst. Python puts the default action back while the interpreter exits,
-            # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            by = stop.signal_name or "another rank's stop signal"
-            raise StopRequested(f"stopped by {by} at step {position.step}")
-        if sampler.per_rank - position.epoch_samples < loader_cfg.batch_size:
-            _end_epoch(data, telemetry, position)  # the last step was also the epoch's last batch
+            position.epoch_samples += self.batch_size
+            self.telemetry.step_done(position.step)
+            if position.step % every.log_every == 0:
+                bad = sum(self.data.train.bad_log.epoch_counts().values())
+                loss, lr = backend.to_float(self.loss), backend.current_lr()
+                self.telemetry.log_window(position.step, position.epoch, loss, lr, bad)
+            if every.eval_every and position.step % every.eval_every == 0:
+                self.evaluate()
+            if every.checkpoint_every and position.step % every.checkpoint_every == 0:
+                self.save()
+            self.stopping = _stop_now(
+                self.stop_flag, position.step, every.log_every, self.dist, backend
+            )
+            if self.stopping:
+                return False
+            if position.step >= self.total_steps:
+                # The last step may also have been the epoch's last batch.
+                return self.sampler.per_rank - position.epoch_samples < self.batch_size
+        return True
 
-    if evaluated_at != position.step:
-        run_eval()
-    if saved_at != position.step:
-        save()
-    telemetry.close()
-    return _summary(telemetry, data, position, last_eval, loss, backend)
+    def end_epoch(self) -> None:
+        """The epoch's record (bad samples by kind); then, while the run goes on, the epoch's
+        evaluation and checkpoint when they are per epoch (train.eval_every,
+        train.checkpoint_every unset). At the run's last step evaluate_and_save() does them."""
+        position = self.position
+        counts = self.data.train.bad_log.epoch_counts()
+        self.telemetry.emit(
+            {
+                "type": "epoch",
+                "step": position.step,
+                "epoch": position.epoch,
+                "bad_samples": sum(counts.values()),
+                **{f"bad.{k}": v for k, v in counts.items()},
+            }
+        )
+        position.epoch += 1
+        position.epoch_samples = 0
+        if position.step < self.total_steps:
+            if not self.train_cfg.eval_every:
+                self.evaluate()
+            if not self.train_cfg.checkpoint_every:
+                self.save()
+
+    def evaluate(self) -> None:
+        if self.val_loader is not None:
+            self.last_eval = evaluate(self.backend, self.val_loader, self.config.task)
+            position = self.position
+            record = {"type": "eval", "step": position.step, "epoch": position.epoch}
+            self.telemetry.emit({**record, **self.last_eval})
+        self.evaluated_at = self.position.step
+
+    def save(self) -> None:
+        if self.dist.is_main:
+            keep = self.train_cfg.keep_last
+            checkpoint.save(self.run_dir, self.backend, self.position, keep, self.config)
+        self.backend.barrier()
+        self.saved_at = self.position.step
+
+    def evaluate_and_save(self) -> None:
+        if self.evaluated_at != self.position.step:
+            self.evaluate()
+        if self.saved_at != self.position.step:
+            self.save()
+
+    def stop(self) -> None:
+        """Stop after a stop request: checkpoint this step unless done, then StopRequested."""
+        if self.saved_at != self.position.step:
+            self.save()
+        # The checkpoint is on disk and nothing is left to save: ignore the rest of a
+        # launcher's burst. Python puts the default action back while the interpreter exits,
+        # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        by = self.stop_flag.signal_name or "another rank's stop signal"
+        raise StopRequested(f"stopped by {by} at step {self.position.step}")
+
+    def finish(self) -> dict:
+        """Close the telemetry; the run's summary."""
+        self.telemetry.close()
+        totals = self.telemetry.totals
+        wall = max(totals["wall_s"], 1e-9)
+        loss = self.backend.to_float(self.loss) if self.loss is not None else float("nan")
+        return {
+            "steps": self.position.step,
+            "epochs_completed": self.position.epoch,
+            "final_loss": loss,
+            "samples_per_s": totals["samples"] / wall,
+            "data_wait_fraction": totals["wait_s"] / wall,
+            "bad_samples_total": sum(self.data.train.bad_log.total_counts().values()),
+            **{f"val_{k}": v for k, v in self.last_eval.items()},
+        }
 
 
 def _stop_now(stop: _StopFlag, step: int, every: int, dist, backend) -> bool:
@@ -158,35 +230,6 @@ def _stop_now(stop: _StopFlag, step: int, every: int, dist, backend) -> bool:
     if step % every:
         return False
     return backend.all_reduce_sum([float(stop.requested)])[0] > 0
-
-
-def _end_epoch(data: RunData, telemetry: Telemetry, position) -> None:
-    counts = data.train.bad_log.epoch_counts()
-    telemetry.emit(
-        {
-            "type": "epoch",
-            "step": position.step,
-            "epoch": position.epoch,
-            "bad_samples": sum(counts.values()),
-            **{f"bad.{k}": v for k, v in counts.items()},
-        }
-    )
-    position.epoch += 1
-    position.epoch_samples = 0
-
-
-def _summary(telemetry, data, position, last_eval, loss, backend) -> dict:
-    totals = telemetry.totals
-    wall = max(totals["wall_s"], 1e-9)
-    return {
-        "steps": position.step,
-        "epochs_completed": position.epoch,
-        "final_loss": backend.to_float(loss) if loss is not None else float("nan"),
-        "samples_per_s": totals["samples"] / wall,
-        "data_wait_fraction": totals["wait_s"] / wall,
-        "bad_samples_total": sum(data.train.bad_log.total_counts().values()),
-        **{f"val_{k}": v for k, v in last_eval.items()},
-    }
 
 
 class _StopFlag:
