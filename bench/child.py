@@ -3,7 +3,7 @@
   python -m bench.child        (started by bench.runner, never by hand)
 
 Each pipeline lives in its own long-lived child so imports are paid once, a segfault in a peer
-(PaddleOCR's LMDBDataSet on PNG records, DESIGN.md section 5) kills only that child, and the
+(PaddleOCR's LMDBDataSet on PNG records: docs/paddle_png_zlib.md) kills only that child, and the
 memory we sample (this process and its loader workers) belongs to one pipeline. Results go to
 the file named in the spec, not stdout, which frameworks print warnings into.
 """

@@ -3,7 +3,7 @@
 One ImageNet-like HDF5 file (500x375-ish JPEG q90, ~95 KB) plus the same JPEG bytes written to
 an ImageFolder tree, so ours and torchvision's recipe decode byte-identical files; one OCR LMDB
 with JPEG and PNG records (as real OCR LMDBs have) and, only if the PaddleOCR peer cannot read
-PNG records (reported crash in the Paddle env, DESIGN.md section 5), a JPEG-only twin.
+PNG records (the zlib crash in the Paddle env, docs/paddle_png_zlib.md), a JPEG-only twin.
 A ``done.json`` stamp records what was written: a folder without it is regenerated.
 """
 

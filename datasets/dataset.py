@@ -168,7 +168,8 @@ class RecordDataset:
 
 
 class OcrTransform:
-    """(image bytes, text) -> {"image": uint8 CxHxW, "label": int32[max_len], "length": int32}."""
+    """(image bytes, text) -> {"image": uint8 HxWxC, "label": int32[max_len], "length": int32}.
+    C, H, W come from ``image_shape``; the backend transposes to CxHxW on the device."""
 
     def __init__(
         self,

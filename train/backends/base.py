@@ -100,7 +100,7 @@ class Backend(abc.ABC):
     # --- data ------------------------------------------------------------------------------
     @abc.abstractmethod
     def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
-        """The framework's DataLoader over a datasets.RecordDataset with a
+        """The framework's DataLoader over a datasets.dataset.RecordDataset with a
         datasets.sampler.EpochSampler; every knob of loader_config honoured
         (train/backends/common.py's LoaderKnobs)."""
 
