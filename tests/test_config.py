@@ -22,6 +22,7 @@ from train.config import (
     save_resolved,
 )
 from train.cpus import resolve_num_workers
+from train.tasks import TASK_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((REPO_ROOT / "configs").glob("*/*.yaml"))
@@ -102,7 +103,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_every_scenario_folder_has_the_standard_scenarios():
     expected = {"base", "smoke", "single_gpu", "multi_gpu", "small_dataset"}
     expected.add("remote_storage")
-    for task in ("ocr", "resnet50"):
+    for task in TASK_NAMES:  # every task of train/tasks.py
         names = {path.stem for path in (REPO_ROOT / "configs" / task).glob("*.yaml")}
         assert expected <= names, f"configs/{task} lacks {sorted(expected - names)}"
 

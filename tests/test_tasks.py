@@ -15,7 +15,7 @@ from train.config import Config, LoaderConfig, ModelConfig, config_from_dict
 
 
 def test_model_names_are_listed_once_and_the_config_takes_them_from_the_spec():
-    assert len(set(tasks.MODEL_NAMES)) == len(tasks.MODEL_NAMES)
+    assert len(set(tasks.MODEL_NAMES)) == len(tasks.MODEL_NAMES)  # each model once
     hints = typing.get_type_hints(Config)
     assert typing.get_args(hints["task"]) == tasks.TASK_NAMES
     (choice, _none) = typing.get_args(typing.get_type_hints(ModelConfig)["name"])

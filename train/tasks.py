@@ -172,7 +172,8 @@ RESNET50 = Task(
 
 TASKS: dict[str, Task] = {task.name: task for task in (OCR, RESNET50)}
 TASK_NAMES = tuple(TASKS)
-MODEL_NAMES = tuple(model.name for task in TASKS.values() for model in task.models)
+# Every model once, in task order (a model may serve several tasks).
+MODEL_NAMES = tuple(dict.fromkeys(m.name for task in TASKS.values() for m in task.models))
 
 
 def get(name: str) -> Task:
