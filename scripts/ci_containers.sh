@@ -148,10 +148,11 @@ start_daemon() {
         docker version > /dev/null 2>&1 && break
         sleep 1
     done
-    docker version --format 'Docker Engine {{.Server.Version}} (API {{.Server.APIVersion}}), CLI {{.Client.Version}}' \
+    local engine
+    engine=$(docker version --format 'Docker Engine {{.Server.Version}} (API {{.Server.APIVersion}}), CLI {{.Client.Version}}') \
         || { tail -n 20 "$LOGS/dockerd.log"; return 1; }
-    docker compose version
-    docker info --format 'storage driver {{.Driver}}, root {{.DockerRootDir}}, cgroup {{.CgroupVersion}}'
+    check "$engine; $(docker compose version); $(docker info --format 'storage driver {{.Driver}}')"
+    check "dockerd pid $(cat "$RUN_DIR/dockerd.pid"), socket $DOCKER_HOST, data root $DOCKER_ROOT/data"
 }
 
 stop_daemon() {
@@ -264,7 +265,7 @@ smoke() {  # SERVICE
     EXPECT_SHM_BYTES="$want" docker compose run --rm "$1" 2>&1 | tee "$WORK/$1.out"
     [[ ${PIPESTATUS[0]} == 0 ]] || return 1
     check "$1: $(grep -E '^smoke: python' "$WORK/$1.out") / $(grep -E '[0-9]+ passed' "$WORK/$1.out" | tail -n 1)"
-    grep -qE '^=+ [0-9]+ passed' "$WORK/$1.out"
+    grep -qE '^(=+ )?[0-9]+ passed' "$WORK/$1.out" && ! grep -qE '[0-9]+ (failed|error)' "$WORK/$1.out"
 }
 
 # ---------------------------------------------------------------- 9. compose, as in the README
