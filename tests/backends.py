@@ -65,6 +65,18 @@ def first_batches(backend, config: Config, count: int) -> tuple[list, int]:
     return [batches[i % len(batches)] for i in range(count)], num_classes
 
 
+def host_batches(backend, dataset, config: Config, workers: int, epochs: int) -> list[dict]:
+    """The training loader's batches over ``epochs`` epochs with ``workers`` workers, as numpy
+    arrays on the host."""
+    sampler = EpochSampler(len(dataset), seed=config.seed)
+    loader = backend.make_loader(dataset, sampler, config.loader, workers, True)
+    batches = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        batches += [{k: backend.to_numpy(v) for k, v in batch.items()} for batch in loader]
+    return batches
+
+
 def record_call(marker: str) -> str:
     """What unpickling the payload below would run: the proof that loading executed code."""
     Path(marker).write_text("unpickling ran code")

@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 
 from datasets.sampler import EpochSampler
-from tests.backends import Payload, build, first_batches, make_config, open_dataset, start
+from tests.backends import (
+    Payload,
+    build,
+    first_batches,
+    host_batches,
+    make_config,
+    open_dataset,
+    start,
+)
 from train import tasks
 from train.backends import make_backend
 from train.checkpoint import UnsafeCheckpointError
@@ -183,23 +191,13 @@ def test_evaluation_loader_uses_eval_batch_size_and_keeps_the_last_batch(framewo
     assert [len(batch["image"]) for batch in evaluation] == [20, 20, 20, 20, 16]  # every sample
 
 
-def _host_batches(backend, dataset, config, workers: int, epochs: int) -> list[dict]:
-    sampler = EpochSampler(len(dataset), seed=config.seed)
-    loader = backend.make_loader(dataset, sampler, config.loader, workers, True)
-    batches = []
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        batches += [{k: backend.to_numpy(v) for k, v in batch.items()} for batch in loader]
-    return batches
-
-
 def test_persistent_workers_give_the_batches_of_the_main_process(framework, ocr_lmdb):
     knobs = {"batch_size": 16, "num_workers": 2, "persistent_workers": True, "timeout_s": 60}
     config = make_config(framework, "ocr", ocr_lmdb, data={"augment": True}, loader=knobs)
     backend = start(config)
     dataset, _ = open_dataset(config)  # augmentation is seeded per sample
-    expected = _host_batches(backend, dataset, config, workers=0, epochs=2)
-    got = _host_batches(backend, dataset, config, workers=2, epochs=2)
+    expected = host_batches(backend, dataset, config, workers=0, epochs=2)
+    got = host_batches(backend, dataset, config, workers=2, epochs=2)
     assert len(got) == len(expected) == 2 * (96 // 16)
     for index, (ours, theirs) in enumerate(zip(got, expected)):
         assert ours.keys() == theirs.keys()
