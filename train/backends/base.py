@@ -77,7 +77,13 @@ class Backend(abc.ABC):
 
     @property
     def uses_gpu(self) -> bool:
-        return not self.device_name.startswith("cpu")
+        return self.device_index is not None
+
+    @property
+    @abc.abstractmethod
+    def device_index(self) -> int | None:
+        """The CUDA ordinal this process trains on (relative to CUDA_VISIBLE_DEVICES, as the
+        framework counts), or None on the CPU. Telemetry maps it to NVML's physical GPU."""
 
     def seed_everything(self, seed: int, deterministic: bool) -> None:
         """Seed Python's and numpy's global RNGs and the framework's (seed_framework); with

@@ -103,6 +103,10 @@ class PaddleBackend(Backend):
         return paddle.CPUPlace() if self.gpu_id is None else paddle.CUDAPlace(self.gpu_id)
 
     @property
+    def device_index(self) -> int | None:
+        return self.gpu_id
+
+    @property
     def device_name(self) -> str:
         if self.gpu_id is None:
             return "cpu"

@@ -94,6 +94,10 @@ class TorchBackend(Backend):
         return torch.device("cuda", self.dist.local_rank)
 
     @property
+    def device_index(self) -> int | None:
+        return self.device.index if self.device.type == "cuda" else None
+
+    @property
     def device_name(self) -> str:
         if self.device.type != "cuda":
             return "cpu"
