@@ -236,9 +236,13 @@ class PaddleBackend(Backend):
                 loss.backward()
                 self.optimizer.step()
             else:
-                scaled = self.scaler.scale(loss)
-                scaled.backward()
-                self.scaler.minimize(self.optimizer, scaled)  # unscale, clip, step, update
+                self.scaler.scale(loss).backward()
+                # step() unscales the gradients, then runs the optimizer (its grad_clip sees
+                # the true gradients) unless they overflowed; update() adapts the scale. Not
+                # minimize(): Optimizer.minimize walks the parameter list, which holds our
+                # parameter groups (dicts), and fails with "must be list of Tensor".
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
         self.optimizer.clear_grad(set_to_zero=False)  # frees the gradients, like set_to_none
         self.scheduler.step()
         self.step += 1
