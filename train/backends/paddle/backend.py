@@ -51,6 +51,8 @@ class PaddleBackend(Backend):
         self.scheduler: paddle.optimizer.lr.LambdaDecay | None = None
         self.scaler: paddle.amp.GradScaler | None = None
         self.amp_dtype: str | None = None  # "float16" | "bfloat16" | None
+        self.grad_clip: float | None = None  # optim.grad_clip
+        self._trainable: list[paddle.Tensor] = []  # the parameters the optimizer steps
         self.step = 0  # optimizer steps taken; also seeds Paddle's RNG per step (see _reseed)
         # Parameter and optimizer-accumulator names come from this generator, not the
         # process-wide one, so they are the same in every process and every backend instance:
@@ -197,6 +199,8 @@ class PaddleBackend(Backend):
             factor = lr_factor(optim.schedule, optim.warmup_steps, total_steps)
             self.scheduler = paddle.optimizer.lr.LambdaDecay(optim.lr, factor)
             self.optimizer = _make_optimizer(self.net, optim, self.scheduler)
+        self._trainable = [p for p in self.net.parameters() if p.trainable]
+        self.grad_clip = optim.grad_clip
         self.amp_dtype = common.amp_dtype(self.train.amp, self.gpu_id is not None)
         # Only fp16 needs loss scaling: bf16 has float32's exponent range.
         self.scaler = paddle.amp.GradScaler() if self.amp_dtype == "float16" else None
@@ -234,19 +238,33 @@ class PaddleBackend(Backend):
         with self._own_names():
             if self.scaler is None:
                 loss.backward()
+                self._clip_gradients()
                 self.optimizer.step()
             else:
                 self.scaler.scale(loss).backward()
-                # step() unscales the gradients, then runs the optimizer (its grad_clip sees
-                # the true gradients) unless they overflowed; update() adapts the scale. Not
-                # minimize(): Optimizer.minimize walks the parameter list, which holds our
-                # parameter groups (dicts), and fails with "must be list of Tensor".
+                self._clip_gradients()
+                # step() runs the optimizer unless the gradients overflowed (unscaling them
+                # first unless _clip_gradients did); update() adapts the scale. Not minimize():
+                # Optimizer.minimize walks the parameter list, which holds our parameter groups
+                # (dicts), and fails with "must be list of Tensor, but got dict".
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
         self.optimizer.clear_grad(set_to_zero=False)  # frees the gradients, like set_to_none
         self.scheduler.step()
         self.step += 1
         return loss.detach()
+
+    def _clip_gradients(self) -> None:
+        """optim.grad_clip: scale the gradients so that the norm of all of them together is at
+        most grad_clip, as torch's clip_grad_norm_. Not the optimizer's grad_clip: with
+        parameter groups, Paddle 2.6 applies it per group (Optimizer._apply_optimize), clipping
+        the decayed and the undecayed parameters each to the full norm. Under fp16 the scaled
+        gradients are unscaled first: the limit is on the true ones."""
+        if self.grad_clip is None:
+            return
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        paddle.nn.utils.clip_grad_norm_(self._trainable, self.grad_clip)
 
     def to_float(self, loss: Any) -> float:
         return float(loss.item())
@@ -364,15 +382,13 @@ def _set_flags_that_exist(**flags: Any) -> None:
 
 def _make_optimizer(net: paddle.nn.Layer, optim, schedule) -> paddle.optimizer.Optimizer:
     """optim is a train.config.OptimConfig; weight decay by train/schedule.py's rule. Only
-    trainable parameters: Paddle keeps BatchNorm's running statistics as frozen ones."""
+    trainable parameters: Paddle keeps BatchNorm's running statistics as frozen ones. No
+    grad_clip here: PaddleBackend._clip_gradients clips over all groups together."""
     groups = weight_decay_groups([p for p in net.parameters() if p.trainable], optim.weight_decay)
-    clip = paddle.nn.ClipGradByGlobalNorm(optim.grad_clip) if optim.grad_clip else None
     if optim.name == "sgd":
-        return paddle.optimizer.Momentum(
-            schedule, momentum=optim.momentum, parameters=groups, grad_clip=clip
-        )
+        return paddle.optimizer.Momentum(schedule, momentum=optim.momentum, parameters=groups)
     optimizer_class = paddle.optimizer.Adam if optim.name == "adam" else paddle.optimizer.AdamW
-    return optimizer_class(schedule, parameters=groups, grad_clip=clip)
+    return optimizer_class(schedule, parameters=groups)
 
 
 def _read_state(path: Path) -> dict[str, Any]:
