@@ -84,3 +84,52 @@ def test_paddle_fp16_loss_scaling_steps_with_parameter_groups_and_clipping(
     assert backend.scaler._scale.item() == 512.0
     for a, b in zip(stepped, weights()):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------- torch: CUDA RNG on resume
+class _Generator:
+    """A CUDA generator's stand-in: remembers the state it is given."""
+
+    def __init__(self) -> None:
+        self.state = None
+
+    def set_state(self, state) -> None:
+        self.state = state
+
+
+def visible_cuda_generators(monkeypatch, count: int) -> list[_Generator]:
+    """``count`` GPUs as torch.cuda.set_rng_state sees them (the seam: torch.cuda's device
+    count and generator tuple, and its lazy-init queue run at once as on an initialized GPU)."""
+    torch = pytest.importorskip("torch")
+    cuda_random = pytest.importorskip("torch.cuda.random")
+
+    generators = [_Generator() for _ in range(count)]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "default_generators", tuple(generators), raising=False)
+    monkeypatch.setattr(cuda_random, "_lazy_call", lambda callback, **kw: callback())
+    return generators
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("visible", [2, 4, 8])
+def test_torch_resume_restores_the_cuda_rng_of_the_gpus_there_are(visible, monkeypatch, caplog):
+    """Saved on 4 GPUs (get_rng_state_all: one state per visible GPU), resumed where 2, 4 or 8
+    are visible: the first min(saved, visible) are restored, and the log says so."""
+    torch = pytest.importorskip("torch")
+    from train.backends.torch import backend as torch_backend
+
+    saved = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]
+    state = {**torch_backend._rng_state(torch.device("cpu")), "torch_cuda": saved}
+    generators = visible_cuda_generators(monkeypatch, visible)
+    with caplog.at_level("INFO"):
+        torch_backend._set_rng_state(state, torch.device("cuda", 0))
+    restored = min(4, visible)
+    for index, generator in enumerate(generators):
+        if index < restored:
+            assert torch.equal(generator.state, saved[index]), index
+        else:
+            assert generator.state is None, index
+    said = [r.getMessage() for r in caplog.records if "CUDA RNG states" in r.getMessage()]
+    assert len(said) == (visible != 4), said
+    if visible != 4:
+        assert f"of 4 GPU(s), {visible} are visible: restoring GPUs 0-{restored - 1}" in said[0]

@@ -382,8 +382,28 @@ def _rng_state(device: torch.device) -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch_cpu"])
     if device.type == "cuda" and "torch_cuda" in state:
-        torch.cuda.set_rng_state_all(state["torch_cuda"])
+        _set_cuda_rng_states(state["torch_cuda"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, position, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+
+
+def _set_cuda_rng_states(states: list[torch.Tensor]) -> None:
+    """The CUDA generators' states, one per GPU that was visible at the save
+    (get_rng_state_all), onto the GPUs visible now: the first min(saved, visible).
+    torch.cuda.set_rng_state_all would raise IndexError on a pod with fewer GPUs. Each rank
+    draws from its own GPU's generator only (cuda:LOCAL_RANK), so its state is among them."""
+    visible = torch.cuda.device_count()
+    restored = min(len(states), visible)
+    if restored != len(states) or restored != visible:
+        log.info(
+            "checkpoint holds the CUDA RNG states of %d GPU(s), %d are visible: restoring "
+            "GPUs 0-%d%s",
+            len(states),
+            visible,
+            restored - 1,
+            "" if visible <= restored else "; the others keep their seeded state",
+        )
+    for index in range(restored):
+        torch.cuda.set_rng_state(states[index], index)
