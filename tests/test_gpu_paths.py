@@ -10,6 +10,7 @@ scripts/gpu_check.sh runs the same paths on a real GPU.
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -133,3 +134,69 @@ def test_torch_resume_restores_the_cuda_rng_of_the_gpus_there_are(visible, monke
     assert len(said) == (visible != 4), said
     if visible != 4:
         assert f"of 4 GPU(s), {visible} are visible: restoring GPUs 0-{restored - 1}" in said[0]
+
+
+# ---------------------------------------------------------------- process group start
+def launcher_env(monkeypatch, framework: str) -> None:
+    """Rank 0 of 2, as torchrun or paddle.distributed.launch (on a GPU host) sets it."""
+    for name in ("PADDLE_PG_TIMEOUT", "PADDLE_DISTRI_BACKEND"):  # the backend sets them
+        monkeypatch.setenv(name, "")  # restored (removed) after the test...
+        monkeypatch.delenv(name)  # ...and absent during it
+    if framework == "torch":
+        for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+            monkeypatch.setenv(name, value)
+    else:
+        env = {"PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINER_ID": "0", "PADDLE_LOCAL_RANK": "0"}
+        for name, value in {**env, "FLAGS_selected_gpus": "0"}.items():
+            monkeypatch.setenv(name, value)
+
+
+@pytest.mark.torch
+def test_torch_process_group_gets_the_configured_timeout(ocr_lmdb, monkeypatch):
+    """train.dist_timeout_s reaches init_process_group (NCCL's own default is 10 minutes)."""
+    pytest.importorskip("torch")
+    from datetime import timedelta
+
+    from train.backends.torch import backend as torch_backend
+
+    calls = []
+    monkeypatch.setattr(torch_backend.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch_backend.dist, "init_process_group", lambda **kw: calls.append(kw))
+    launcher_env(monkeypatch, "torch")
+    config = make_config("torch", "ocr", ocr_lmdb, train={"device": "cpu", "dist_timeout_s": 5400})
+    info = torch_backend.TorchBackend(config.task, config.train).init_distributed()
+    assert info.world_size == 2
+    assert len(calls) == 1 and calls[0]["backend"] == "gloo"
+    assert calls[0]["timeout"] == timedelta(seconds=5400)
+
+
+@pytest.mark.paddle
+def test_paddle_cpu_rank_under_the_launcher_stays_on_the_cpu(ocr_lmdb, monkeypatch):
+    """device: cpu under paddle.distributed.launch on a GPU host: init_parallel_env resets the
+    expected place (to the launcher's GPU on a CUDA build), so the backend sets the CPU again
+    after it, and asks for gloo, not NCCL; the process group gets train.dist_timeout_s."""
+    paddle = pytest.importorskip("paddle")
+    from train.backends.paddle import backend as paddle_backend
+
+    events = []
+
+    def init_parallel_env():
+        events.append(
+            (
+                "init_parallel_env",
+                os.environ.get("PADDLE_DISTRI_BACKEND"),
+                os.environ.get("PADDLE_PG_TIMEOUT"),
+            )
+        )
+
+    monkeypatch.setattr(paddle_backend.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(paddle_backend.dist, "init_parallel_env", init_parallel_env)
+    monkeypatch.setattr(paddle, "set_device", lambda device: events.append(("set_device", device)))
+    launcher_env(monkeypatch, "paddle")
+    config = make_config("paddle", "ocr", ocr_lmdb, train={"device": "cpu", "dist_timeout_s": 5400})
+    info = paddle_backend.PaddleBackend(config.task, config.train).init_distributed()
+    assert info.world_size == 2
+    assert events[-2:] == [
+        ("init_parallel_env", "gloo", "5400000"),
+        ("set_device", "cpu"),
+    ], events

@@ -128,6 +128,11 @@ class TrainConfig:
     checkpoint_every: PositiveInt | None = None  # steps; None: at the end of each epoch
     keep_last: PositiveInt = 3  # checkpoints kept
     stall_warn_fraction: Fraction = 0.3  # warn when steps wait on data longer than this share
+    # Seconds a rank waits for the others, at the start (rendezvous, NCCL setup) and in every
+    # collective, before the run fails. Every rank stages s3:// data before it joins, so one
+    # node staging longer than NCCL's default 10 min left the others to time out at the start;
+    # a hang is also detected only after this long.
+    dist_timeout_s: PositiveFloat = 1800.0
 
 
 @dataclass(frozen=True, kw_only=True)

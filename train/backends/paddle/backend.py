@@ -74,9 +74,20 @@ class PaddleBackend(Backend):
             local_world_size=int(env.get("PADDLE_LOCAL_SIZE", str(world_size))),
         )
         self.gpu_id = self._pick_gpu()
-        paddle.set_device("cpu" if self.gpu_id is None else f"gpu:{self.gpu_id}")
+        device = "cpu" if self.gpu_id is None else f"gpu:{self.gpu_id}"
+        paddle.set_device(device)
         if world_size > 1 and not dist.is_initialized():
-            dist.init_parallel_env()  # NCCL on GPU; gloo on CPU (the launcher sets it)
+            # The NCCL process group's timeout (ms), which Paddle 2.6 reads from the environment
+            # in init_parallel_env (ParallelEnv; its default is 30 min).
+            os.environ["PADDLE_PG_TIMEOUT"] = str(int(self.train.dist_timeout_s * 1000))
+            if self.gpu_id is None:
+                # On a GPU host the launcher hands each rank a GPU (FLAGS_selected_gpus) and no
+                # backend, and a CUDA build then picks NCCL: gloo is the CPU's.
+                os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"
+            dist.init_parallel_env()
+            # init_parallel_env sets the expected place itself (the launcher's GPU on a CUDA
+            # build, whatever train.device says): ours again.
+            paddle.set_device(device)
         return self.dist
 
     def _pick_gpu(self) -> int | None:

@@ -12,6 +12,7 @@ import os
 import pickle
 import random
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,8 @@ class TorchBackend(Backend):
                 backend="nccl" if cuda else "gloo",
                 rank=self.dist.rank,
                 world_size=world_size,
+                # The rendezvous, NCCL's setup and every collective (NCCL's default: 10 min).
+                timeout=timedelta(seconds=self.train.dist_timeout_s),
                 # Binds NCCL to this rank's GPU up front, so collectives never guess the device.
                 device_id=self.device if cuda else None,
             )
