@@ -200,3 +200,45 @@ def test_paddle_cpu_rank_under_the_launcher_stays_on_the_cpu(ocr_lmdb, monkeypat
         ("init_parallel_env", "gloo", "5400000"),
         ("set_device", "cpu"),
     ], events
+
+
+# ---------------------------------------------------------------- torch: Adam state on resume
+@pytest.mark.torch
+def test_torch_resume_keeps_adam_step_counts_on_the_cpu(ocr_lmdb, tmp_path, monkeypatch):
+    """A checkpoint resumed on a GPU: whatever torch.load maps onto cuda:0 stands in as a
+    tensor that says it lives there (a CPU build has no CUDA tensor). Adam's "step" counts must
+    end on the CPU, as torch keeps them, or every step syncs on each one's .item()."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._pytree import tree_map
+
+    class OnCuda(torch.Tensor):
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+    real_load = torch.load
+
+    def load(path, map_location=None, **kwargs):
+        state = real_load(path, map_location="cpu", **kwargs)
+        if map_location is not None and torch.device(map_location).type == "cuda":
+            state = tree_map(lambda v: v.as_subclass(OnCuda) if torch.is_tensor(v) else v, state)
+        return state
+
+    config = make_config("torch", "ocr", ocr_lmdb, optim={"name": "adam"})
+    backend = start(config)
+    batches, num_classes = first_batches(backend, config, 2)
+    build(backend, config, num_classes, total_steps=4)
+    for batch in batches:
+        backend.train_step(batch)
+    steps = [state["step"] for state in backend.optimizer.state.values()]
+    assert steps and all(s.device.type == "cpu" for s in steps)  # where torch keeps them
+    backend.save_state(tmp_path)
+
+    monkeypatch.setattr(torch, "load", load)
+    backend.device = torch.device("cuda", 0)  # the resumed run's device, as torch.load sees it
+    backend.load_state(tmp_path)
+    steps = [state["step"] for state in backend.optimizer.state.values()]
+    assert steps and all(type(s) is torch.Tensor and s.device.type == "cpu" for s in steps)
+    assert all(float(s) == 2.0 for s in steps)

@@ -297,7 +297,11 @@ class TorchBackend(Backend):
     def load_state(self, directory: Path) -> None:
         directory = Path(directory)
         self.net.load_state_dict(self._load(directory, "model", self.device))
-        self.optimizer.load_state_dict(self._load(directory, "optimizer", self.device))
+        # Read onto the CPU: load_state_dict moves each parameter's state to that parameter's
+        # device itself, except Adam's "step" counts, which it leaves where they were read.
+        # Torch keeps them on the CPU; on the GPU, Adam would sync on each one's .item() in
+        # every step.
+        self.optimizer.load_state_dict(self._load(directory, "optimizer", "cpu"))
         self.scheduler.load_state_dict(self._load(directory, "scheduler", "cpu"))
         self.scaler.load_state_dict(self._load(directory, "scaler", "cpu"))
         _set_rng_state(self._load(directory, "rng", "cpu"), self.device)
