@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from tests.backends import build, first_batches, make_config, start
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -242,3 +247,126 @@ def test_torch_resume_keeps_adam_step_counts_on_the_cpu(ocr_lmdb, tmp_path, monk
     steps = [state["step"] for state in backend.optimizer.state.values()]
     assert steps and all(type(s) is torch.Tensor and s.device.type == "cpu" for s in steps)
     assert all(float(s) == 2.0 for s in steps)
+
+
+# ---------------------------------------------------------------- train.device: gpu and auto
+FRAMEWORKS = [
+    pytest.param("torch", marks=pytest.mark.torch),
+    pytest.param("paddle", marks=pytest.mark.paddle),
+]
+
+
+def smoke_command(framework: str, out: Path, ocr_lmdb: Path, *sets: str) -> list[str]:
+    items = [
+        f"framework={framework}",
+        "train.max_steps=2",
+        "train.log_every=1",
+        "optim.warmup_steps=0",
+        "loader.num_workers=0",
+        "loader.batch_size=8",
+        f"data.train={ocr_lmdb}",
+        f"data.val={ocr_lmdb}",
+        f"data.char_dict={ocr_lmdb.parent / 'charset.txt'}",
+        *sets,
+    ]
+    command = [sys.executable, "-m", "train", "--config", "configs/ocr/smoke.yaml"]
+    return command + ["--output-dir", str(out), *[a for s in items for a in ("--set", s)]]
+
+
+def on_a_gpu_host() -> dict[str, str]:
+    """The environment of a python -m train whose pynvml is the stand-in: NVML sees 8 H200s."""
+    path = os.pathsep.join([str(ROOT / "tests" / "stand_ins"), str(ROOT)])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def framework_can_use_cuda(framework: str) -> bool:
+    if framework == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    import paddle
+
+    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def as_a_cpu_build(framework: str, monkeypatch) -> None:
+    """The framework in this process says it is a CPU build (the seam: its own build facts)."""
+    if framework == "torch":
+        import torch
+
+        monkeypatch.setattr(torch.version, "cuda", None)
+    else:
+        import paddle
+
+        monkeypatch.setattr(paddle.device, "is_compiled_with_cuda", lambda: False)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_device_gpu_without_a_usable_gpu_fails_fast_with_the_reason(framework, ocr_lmdb, tmp_path):
+    """python -m train with train.device: gpu where the framework can use no GPU (this host's
+    build: a CPU build, or a CUDA build without a GPU) while NVML sees 8: exit 7 at the start,
+    one line naming the cause and the fix, no traceback."""
+    pytest.importorskip(framework)
+    if framework_can_use_cuda(framework):
+        pytest.skip(f"{framework} can use a GPU here: train.device: gpu would train")
+    command = smoke_command(framework, tmp_path / "run", ocr_lmdb, "train.device=gpu")
+    result = subprocess.run(
+        command, cwd=ROOT, env=on_a_gpu_host(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 7, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert f"train.device is gpu but {framework} " in line, line
+    assert "is a CPU build" in line or "sees no GPU" in line, line
+    assert "(8 GPU(s) visible to the driver). HINT: " in line, line
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_device_auto_on_the_cpu_while_nvml_sees_gpus_says_so_loudly(
+    framework, ocr_lmdb, monkeypatch, caplog
+):
+    pytest.importorskip(framework)
+    from train import gpu_probe
+
+    h200 = gpu_probe.Gpu(0, "NVIDIA H200", (9, 0), "550.54.15", "12.4")
+    monkeypatch.setattr(gpu_probe, "nvml_gpus", lambda: [h200] * 8)
+    as_a_cpu_build(framework, monkeypatch)
+    config = make_config(framework, "ocr", ocr_lmdb, train={"device": "auto"})
+    with caplog.at_level("WARNING"):
+        backend = start(config)
+    assert not backend.uses_gpu
+    (said,) = [r for r in caplog.records if "TRAINING ON THE CPU" in r.getMessage()]
+    assert said.levelname == "WARNING"
+    assert "8 GPU(s) idle" in said.getMessage() and "is a CPU build" in said.getMessage()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "visible, driver_cuda, reason",
+    [
+        ("", "12.4", "CUDA_VISIBLE_DEVICES='' hides every GPU"),
+        (None, "11.8", "supports CUDA up to 11.8, torch 2.6.0 (CUDA 12.4 build) needs CUDA 12.4"),
+    ],
+)
+def test_device_gpu_with_a_cuda_build_that_sees_no_gpu_names_the_cause(
+    visible, driver_cuda, reason, ocr_lmdb, monkeypatch
+):
+    """A CUDA build of torch (the seam: torch.version.cuda, torch.cuda.is_available) that
+    cannot use the GPUs NVML sees: hidden by CUDA_VISIBLE_DEVICES, or a driver too old."""
+    torch = pytest.importorskip("torch")
+    from train import gpu_probe
+
+    h200 = gpu_probe.Gpu(0, "NVIDIA H200", (9, 0), "535.104", driver_cuda)
+    monkeypatch.setattr(gpu_probe, "nvml_gpus", lambda: [h200] * 8)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    config = make_config("torch", "ocr", ocr_lmdb, train={"device": "gpu"})
+    with pytest.raises(RuntimeError) as raised:
+        start(config)
+    assert type(raised.value).__name__ == "DeviceUnavailableError"
+    assert reason in str(raised.value)

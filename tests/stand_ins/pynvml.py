@@ -1,6 +1,6 @@
-"""A stand-in for nvidia-ml-py's pynvml on a host without GPUs: eight GPUs whose utilization
-query raises NVMLError_NotSupported (as on MIG slices) and whose used memory, in GB, is their
-physical index plus one, so a record tells which GPU it came from.
+"""A stand-in for nvidia-ml-py's pynvml on a host without GPUs: eight H200s (driver 550, for
+CUDA 12.4) whose utilization query raises NVMLError_NotSupported (as on MIG slices) and whose
+used memory, in GB, is their physical index plus one, so a record tells which GPU it came from.
 
 Tests put it in sys.modules (monkeypatch.setitem), or this folder first on PYTHONPATH for a
 ``python -m train`` subprocess. ``CALLS`` lists the functions called, in order.
@@ -38,6 +38,26 @@ class Handle(SimpleNamespace):
 
 def nvmlInit() -> None:  # noqa: N802  (pynvml's names)
     CALLS.append("nvmlInit")
+
+
+def nvmlShutdown() -> None:  # noqa: N802
+    CALLS.append("nvmlShutdown")
+
+
+def nvmlSystemGetDriverVersion() -> str:  # noqa: N802
+    return "550.54.15"
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:  # noqa: N802
+    return 12040
+
+
+def nvmlDeviceGetName(handle: Handle) -> str:  # noqa: N802
+    return "NVIDIA H200"
+
+
+def nvmlDeviceGetCudaComputeCapability(handle: Handle) -> tuple[int, int]:  # noqa: N802
+    return (9, 0)
 
 
 def nvmlDeviceGetCount() -> int:  # noqa: N802

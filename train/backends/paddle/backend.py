@@ -26,10 +26,11 @@ import paddle.distributed as dist
 from paddle.utils import unique_name
 
 from train.backends import common
-from train.backends.base import Backend, DistInfo
+from train.backends.base import Backend, DeviceUnavailableError, DistInfo
 from train.backends.paddle import data as paddle_data
 from train.backends.paddle.models import HEADS, build_model
 from train.checkpoint import refuse_pickle
+from train.gpu_probe import FrameworkCuda
 from train.schedule import lr_factor, weight_decay_groups
 
 log = logging.getLogger(__name__)
@@ -91,23 +92,16 @@ class PaddleBackend(Backend):
         return self.dist
 
     def _pick_gpu(self) -> int | None:
-        wanted = self.train.device
-        gpus = paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
-        if wanted == "cpu" or (wanted == "auto" and gpus == 0):
+        if not common.choose_gpu(self.train.device, cuda_facts()):
             return None
-        if gpus == 0:
-            raise RuntimeError(
-                "train.device is gpu but Paddle sees no GPU: install paddlepaddle-gpu (this is "
-                f"{'a CUDA' if paddle.device.is_compiled_with_cuda() else 'the CPU'} build), "
-                "check `nvidia-smi` and the container's GPU runtime, or set train.device: cpu"
-            )
+        gpus = paddle.device.cuda.device_count()
         # The launcher gives each rank its GPU in FLAGS_selected_gpus (--devices 0,1,...).
         selected = os.environ.get("FLAGS_selected_gpus", "").split(",")[0]  # noqa: SIM112
         gpu = int(selected) if selected.strip() else self.dist.local_rank
         if gpu >= gpus:
-            raise RuntimeError(
-                f"rank {self.dist.rank} wants GPU {gpu} but only {gpus} are visible; start at "
-                "most one process per GPU (paddle.distributed.launch --devices)"
+            raise DeviceUnavailableError(
+                f"rank {self.dist.rank} wants GPU {gpu} but only {gpus} are visible",
+                "start at most one process per GPU (paddle.distributed.launch --devices)",
             )
         return gpu
 
@@ -380,6 +374,26 @@ class PaddleBackend(Backend):
     def shutdown(self) -> None:
         if self.dist.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def cuda_facts() -> FrameworkCuda:
+    """What this Paddle build says about CUDA (as train/gpu_probe.py's probe asks it): whether
+    it is a CUDA build and the GPUs it can use."""
+    compiled = bool(paddle.device.is_compiled_with_cuda())
+    count, said = 0, ""
+    if compiled:
+        try:
+            count = paddle.device.cuda.device_count()
+        except Exception as error:  # a CUDA runtime that cannot start
+            said = str(error).strip().splitlines()[0][:500] if str(error).strip() else ""
+    return FrameworkCuda(
+        "paddle",
+        version=paddle.__version__,
+        cuda=paddle.version.cuda() if compiled else None,
+        compiled=compiled,
+        count=count,
+        warnings=said,
+    )
 
 
 def _set_flags_that_exist(**flags: Any) -> None:

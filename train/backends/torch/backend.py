@@ -11,6 +11,7 @@ import logging
 import os
 import pickle
 import random
+import warnings
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,11 +25,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from train.backends import common
-from train.backends.base import Backend, DistInfo
+from train.backends.base import Backend, DeviceUnavailableError, DistInfo
 from train.backends.torch.data import make_loader
 from train.backends.torch.models import FAMILIES, HEADS, build_model
 from train.checkpoint import refuse_pickle
 from train.cpus import usable_cores
+from train.gpu_probe import FrameworkCuda
 from train.schedule import lr_factor, weight_decay_groups
 
 log = logging.getLogger(__name__)
@@ -81,18 +83,13 @@ class TorchBackend(Backend):
         return self.dist
 
     def _pick_device(self) -> torch.device:
-        wanted = self.train.device
-        if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
+        if not common.choose_gpu(self.train.device, cuda_facts()):
             return torch.device("cpu")
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "train.device is gpu but PyTorch sees no CUDA device; check `nvidia-smi` and "
-                "the container's GPU runtime, or set train.device: cpu"
-            )
-        if self.dist.local_rank >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"LOCAL_RANK {self.dist.local_rank} but only {torch.cuda.device_count()} GPUs "
-                "are visible; start at most one process per GPU (torchrun --nproc-per-node)"
+        count = torch.cuda.device_count()
+        if self.dist.local_rank >= count:
+            raise DeviceUnavailableError(
+                f"LOCAL_RANK {self.dist.local_rank} but only {count} GPU(s) are visible",
+                "start at most one process per GPU (torchrun --nproc-per-node)",
             )
         return torch.device("cuda", self.dist.local_rank)
 
@@ -357,6 +354,29 @@ class TorchBackend(Backend):
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def cuda_facts() -> FrameworkCuda:
+    """What this torch build says about CUDA (as train/gpu_probe.py's probe asks it): whether
+    it is a CUDA build, the GPUs it can use, and what it warned while looking (a driver too
+    old, for one)."""
+    compiled = torch.version.cuda is not None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            count = torch.cuda.device_count() if compiled and torch.cuda.is_available() else 0
+        except Exception as error:  # a CUDA runtime that cannot start
+            warnings.warn(str(error), stacklevel=1)
+            count = 0
+    said = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught))[:500]
+    return FrameworkCuda(
+        "torch",
+        version=torch.__version__,
+        cuda=torch.version.cuda,
+        compiled=compiled,
+        count=count,
+        warnings=said,
+    )
 
 
 def _make_optimizer(net: nn.Module, optim) -> torch.optim.Optimizer:
