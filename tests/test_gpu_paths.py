@@ -370,3 +370,25 @@ def test_device_gpu_with_a_cuda_build_that_sees_no_gpu_names_the_cause(
         start(config)
     assert type(raised.value).__name__ == "DeviceUnavailableError"
     assert reason in str(raised.value)
+
+
+# ---------------------------------------------------------------- torch: the prefetcher knob
+@pytest.mark.torch
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_torch_device_prefetch_knob_picks_the_cuda_path(prefetch, ocr_lmdb, monkeypatch):
+    """loader.device_prefetch on CUDA (the seam: the backend's device and its side-stream
+    prefetcher, recorded): on, batches come from _cuda_prefetch; off, a plain copy each."""
+    torch = pytest.importorskip("torch")
+    from datasets.sampler import EpochSampler
+    from tests.backends import open_dataset
+
+    config = make_config("torch", "ocr", ocr_lmdb, loader={"device_prefetch": prefetch})
+    backend = start(config)
+    dataset, _ = open_dataset(config)
+    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, 0, True)
+    used = []
+    monkeypatch.setattr(backend, "_cuda_prefetch", lambda loader: used.append("side stream") or [])
+    monkeypatch.setattr(backend, "_to_device", lambda batch: used.append("copy") or batch)
+    backend.device = torch.device("cuda", 0)
+    list(backend.device_batches(loader))
+    assert used == (["side stream"] if prefetch else ["copy"] * len(loader))

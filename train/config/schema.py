@@ -77,6 +77,9 @@ class LoaderConfig:
     prefetch_factor: PositiveInt | None = None  # batches in flight per worker; None: 2
     persistent_workers: bool = False  # keep workers (and their open files) across epochs
     pin_memory: bool = True  # torch: page-locked batches copy to the GPU asynchronously
+    # torch on CUDA: copy and normalize the next batch on a side stream while this one trains;
+    # false: a plain copy per batch on the compute stream (Paddle's loader always stages ahead)
+    device_prefetch: bool = True
     use_shared_memory: bool = True  # paddle: workers hand batches over through /dev/shm
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None  # None: default
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever

@@ -131,16 +131,18 @@ class TorchBackend(Backend):
 
     # --- data ------------------------------------------------------------------------------
     def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
-        return make_loader(
+        loader = make_loader(
             dataset,
             sampler,
             common.LoaderKnobs.of(loader_config, num_workers, train),
             pin_memory=loader_config.pin_memory and self.device.type == "cuda",
             seed=self.seed,
         )
+        loader.device_prefetch = loader_config.device_prefetch  # read by device_batches
+        return loader
 
     def device_batches(self, loader) -> Iterator[dict[str, Any]]:
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and getattr(loader, "device_prefetch", True):
             return self._cuda_prefetch(loader)
         return (self._to_device(batch) for batch in loader)
 
