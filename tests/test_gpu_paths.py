@@ -392,3 +392,30 @@ def test_torch_device_prefetch_knob_picks_the_cuda_path(prefetch, ocr_lmdb, monk
     backend.device = torch.device("cuda", 0)
     list(backend.device_batches(loader))
     assert used == (["side stream"] if prefetch else ["copy"] * len(loader))
+
+
+# ---------------------------------------------------------------- TF32, alike in both
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_tf32_is_on_for_matmuls_and_convolutions_in_both_frameworks(
+    framework, ocr_lmdb, monkeypatch
+):
+    """Paddle 2.6 uses TF32 for cuBLAS and cuDNN by default; torch, for convolutions only.
+    Both backends now ask for it in both (the seam for Paddle: its CUDA build's switches)."""
+    pytest.importorskip(framework)
+    switched = {}
+    if framework == "torch":
+        import torch
+
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    else:
+        import paddle
+
+        for name in ("set_cublas_switch", "set_cudnn_switch"):
+            recorder = lambda on, name=name: switched.__setitem__(name, on)  # noqa: E731
+            monkeypatch.setattr(paddle.base.core, name, recorder, raising=False)
+    start(make_config(framework, "ocr", ocr_lmdb))
+    if framework == "torch":
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    else:
+        assert switched == {"set_cublas_switch": True, "set_cudnn_switch": True}

@@ -75,6 +75,7 @@ class PaddleBackend(Backend):
             local_world_size=int(env.get("PADDLE_LOCAL_SIZE", str(world_size))),
         )
         self.gpu_id = self._pick_gpu()
+        _allow_tf32()
         device = "cpu" if self.gpu_id is None else f"gpu:{self.gpu_id}"
         paddle.set_device(device)
         if world_size > 1 and not dist.is_initialized():
@@ -374,6 +375,16 @@ class PaddleBackend(Backend):
     def shutdown(self) -> None:
         if self.dist.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _allow_tf32() -> None:
+    """TF32 tensor cores for float32 matrix multiplies (cuBLAS) and convolutions (cuDNN): Paddle
+    2.6's defaults, said explicitly because the torch backend sets the same (see its
+    _allow_tf32). Only CUDA builds have these switches."""
+    core = paddle.base.core
+    for switch in ("set_cublas_switch", "set_cudnn_switch"):
+        if hasattr(core, switch):
+            getattr(core, switch)(True)
 
 
 def cuda_facts() -> FrameworkCuda:

@@ -67,6 +67,7 @@ class TorchBackend(Backend):
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world_size))),
         )
         self.device = self._pick_device()
+        _allow_tf32()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if world_size > 1 and not dist.is_initialized():
@@ -356,6 +357,16 @@ class TorchBackend(Backend):
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _allow_tf32() -> None:
+    """TF32 tensor cores (Ampere and newer) for float32 matrix multiplies and convolutions, as
+    Paddle 2.6 does by default for both (cuBLAS and cuDNN). Torch's defaults differ: TF32 for
+    convolutions, full float32 for matmuls, which slowed the CRNN's LSTM and linear layers and
+    skewed every torch-vs-Paddle comparison. TF32 keeps float32's range with a 10-bit mantissa:
+    the common choice for training; under AMP only the float32 ops use it."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def cuda_facts() -> FrameworkCuda:
