@@ -46,6 +46,8 @@ def choose_gpu(wanted: str, cuda: FrameworkCuda) -> bool:
     reason, fix = no_cuda_reason(cuda, gpus)
     if wanted == "gpu":
         seen = f" ({len(gpus)} GPU(s) visible to the driver)" if gpus else ""
+        if "train.device: cpu" not in fix:
+            fix += "; or set train.device: cpu"
         raise DeviceUnavailableError(f"train.device is gpu but {reason}{seen}", fix)
     if gpus:
         log.warning(
