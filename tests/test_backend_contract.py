@@ -139,6 +139,30 @@ def test_a_resumed_run_continues_bit_identically(framework, task, data_of, tmp_p
         np.testing.assert_array_equal(resumed.predict(batch), whole.predict(batch))
 
 
+def test_grad_clip_bounds_the_norm_of_all_gradients_together(framework, ocr_lmdb):
+    """optim.grad_clip limits the global norm over every parameter, decayed or not (two
+    optimizer groups): plain SGD at lr 1 moves the weights by exactly the clipped gradients."""
+    clip = 1e-3  # far below this model's gradient norm: the step is clipped
+    optim = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0, "grad_clip": clip}
+    config = make_config(framework, "ocr", ocr_lmdb, optim=optim)
+    backend = start(config)
+    (batch,), num_classes = first_batches(backend, config, 1)
+    build(backend, config, num_classes, total_steps=2)
+
+    def weights() -> list[np.ndarray]:
+        params = backend.net.parameters()
+        return [
+            backend.to_numpy(p.detach()).astype(np.float64)
+            for p in params
+            if getattr(p, "trainable", getattr(p, "requires_grad", False))
+        ]
+
+    before = weights()
+    backend.train_step(batch)
+    moved = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(before, weights())))
+    assert moved == pytest.approx(clip, rel=1e-3)
+
+
 @pytest.fixture
 def checkpoint(framework, ocr_lmdb, tmp_path):
     """A small OCR backend and the checkpoint it saved in tmp_path / "ckpt"."""

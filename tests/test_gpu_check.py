@@ -140,7 +140,7 @@ def test_dry_run_checks_say_what_they_measured(report):
         assert 0 <= loader["data_wait_fraction"] <= 1
         assert loader["vs_synthetic"] > 0
     prefetcher = report["summary"]["prefetcher"]
-    assert prefetcher["knob"] is None  # no knob in train/backends/torch: the note says so
+    assert prefetcher["knob"] == "loader.device_prefetch"  # off: the same run with it false
     assert prefetcher["on"] > 0 and prefetcher["off"] > 0 and prefetcher["note"]
     memory = report["summary"]["peak_gpu_memory_mb"]
     assert set(memory) == {"torch", "paddle", "by_check"}

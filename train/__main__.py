@@ -9,8 +9,9 @@ r"""Train the OCR recognizer or ResNet-50 with PaddlePaddle or PyTorch, from one
 
 Exit codes: 0 done; 2 bad config or command line; 3 data problem (dataset unreadable, too many
 bad samples); 4 checkpoint problem; 5 /dev/shm too small for the config (shm.policy fail);
-6 a loader worker died or hung (the error names the sample it was on); 143 / 130 stopped by
-SIGTERM / SIGINT after saving a checkpoint (continue with --resume).
+6 a loader worker died or hung (the error names the sample it was on); 7 train.device asks for
+a GPU this process cannot use (the error says why: a CPU build, no visible GPU, a driver too
+old); 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (continue with --resume).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-EXIT_CONFIG, EXIT_DATA, EXIT_CHECKPOINT, EXIT_SHM, EXIT_WORKER = 2, 3, 4, 5, 6
+EXIT_CONFIG, EXIT_DATA, EXIT_CHECKPOINT, EXIT_SHM, EXIT_WORKER, EXIT_DEVICE = 2, 3, 4, 5, 6, 7
 log = logging.getLogger("train")
 
 
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from datasets.errors import DatasetError, TooManyBadSamplesError
     from train import loop, preflight, report
     from train.backends import launcher_rank, make_backend
+    from train.backends.base import DeviceUnavailableError
     from train.checkpoint import CheckpointError
     from train.data import build_run_data, stage_remote
 
@@ -146,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return EXIT_DATA
     backend = make_backend(config)
-    dist = backend.init_distributed()
+    try:
+        dist = backend.init_distributed()
+    except DeviceUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_DEVICE
     run_dir = Path(args.output_dir or config.output.dir)
     setup_logging(None, dist.is_main)
     prepare_run_dir(run_dir, args, dist.is_main)

@@ -83,8 +83,9 @@ def arch_problem(fw: FrameworkCuda, capability: tuple[int, int]) -> tuple[str, s
     return None
 
 
-def _no_cuda_reason(fw: FrameworkCuda, gpus: list[Gpu]) -> tuple[str, str]:
-    """Why a framework cannot use the GPUs NVML sees: (reason, fix)."""
+def no_cuda_reason(fw: FrameworkCuda, gpus: list[Gpu]) -> tuple[str, str]:
+    """Why a framework cannot use the GPUs NVML sees (``gpus``, maybe none): (reason, fix).
+    The doctor's verdict, and training's when train.device asks for a GPU it cannot have."""
     runtime_fix = (
         "run the container with the NVIDIA runtime (compose.yaml's device reservation, "
         "docker run --gpus all) and check nvidia-smi inside it"
@@ -142,7 +143,7 @@ def _unasked(wanted: str, framework: str, gpus: list[Gpu], fw: FrameworkCuda) ->
 def _unusable(wanted: str, framework: str, gpus: list[Gpu], fw: FrameworkCuda) -> list[Check]:
     """The framework build cannot use CUDA (a CPU build, no GPU it can see)."""
     if gpus:
-        reason, fix = _no_cuda_reason(fw, gpus)
+        reason, fix = no_cuda_reason(fw, gpus)
         detail = f"{_seen(gpus)}, but {framework} cannot use CUDA: {reason}"
         if wanted == "auto":
             detail += "; train.device is auto: TRAINING WOULD RUN ON THE CPU, with the GPUs idle"

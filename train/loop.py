@@ -103,7 +103,7 @@ class Run:
             run_dir,
             dist.is_main,
             loader_cfg.batch_size * dist.world_size,
-            dist.local_rank,
+            backend.device_index,  # the GPU NVML reports on (None on the CPU)
             knobs,
             train_cfg.stall_warn_fraction,
             backend.scalar_writer(run_dir / "scalars") if dist.is_main else None,

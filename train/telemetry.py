@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,25 +23,95 @@ STALL_WINDOWS = 3  # consecutive high-wait windows before the warning
 
 class GpuMonitor:
     """Utilization and memory of this process's GPU through NVML, when nvidia-ml-py and a GPU
-    are both present; otherwise returns nothing."""
+    are both present. ``cuda_index`` is the CUDA ordinal the backend trains on
+    (Backend.device_index); None (training on the CPU): no GPU columns at all.
 
-    def __init__(self, index: int) -> None:
+    NVML numbers GPUs physically, CUDA relative to CUDA_VISIBLE_DEVICES: see nvml_target. A
+    query NVML refuses (NotSupported: utilization on a MIG slice; a GPU fallen off the bus) is
+    logged once and reported as null; telemetry never ends a run.
+    """
+
+    def __init__(self, cuda_index: int | None) -> None:
+        self._nvml = None
         self._handle = None
+        self._failed: set[str] = set()  # queries that raised, logged once each
+        if cuda_index is None:
+            return
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._nvml = pynvml
-        except Exception:  # no library, no driver or no GPU: GPU columns stay empty
-            self._handle = None
+        except Exception:  # no library, no driver: GPU columns stay empty
+            return
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        try:
+            self._handle = _nvml_handle(pynvml, nvml_target(cuda_index, visible))
+        except Exception as error:  # pynvml.NVMLError and friends
+            log.warning(
+                "NVML: no handle for CUDA device %d (CUDA_VISIBLE_DEVICES=%s): %s; GPU "
+                "utilization and memory are reported as null",
+                cuda_index,
+                visible,
+                error,
+            )
+        self._nvml = pynvml
 
-    def sample(self) -> dict[str, float]:
-        if self._handle is None:
+    def sample(self) -> dict[str, float | None]:
+        if self._nvml is None:
             return {}
-        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
-        memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        return {"gpu_util": float(util.gpu), "gpu_mem_gb": memory.used / 1e9}
+        nvml, handle = self._nvml, self._handle
+        return {
+            "gpu_util": self._query(
+                "utilization", lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            ),
+            "gpu_mem_gb": self._query(
+                "memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 1e9
+            ),
+        }
+
+    def _query(self, what: str, read) -> float | None:
+        if self._handle is None:
+            return None
+        try:
+            return read()
+        except Exception as error:  # NVMLError_NotSupported on MIG, NVMLError_GpuIsLost, ...
+            if what not in self._failed:
+                self._failed.add(what)
+                log.warning(
+                    "NVML cannot read the GPU's %s (%s: %s); reported as null, training goes on",
+                    what,
+                    type(error).__name__,
+                    error,
+                )
+            return None
+
+
+def nvml_target(cuda_index: int, visible: str | None) -> int | str:
+    """What NVML calls CUDA device ``cuda_index``: a physical index, or the UUID (or UUID prefix)
+    that CUDA_VISIBLE_DEVICES (``visible``) lists at that position; unset, the same index. (CUDA
+    counts fastest first, NVML by PCI bus: the same order on a node of identical GPUs; with mixed
+    GPUs set CUDA_DEVICE_ORDER=PCI_BUS_ID.)"""
+    if visible is None:
+        return cuda_index
+    entries = [entry.strip() for entry in visible.split(",")]
+    if cuda_index >= len(entries) or not entries[cuda_index]:
+        raise ValueError(f"CUDA_VISIBLE_DEVICES={visible!r} has no entry {cuda_index}")
+    entry = entries[cuda_index]
+    return int(entry) if entry.isdigit() else entry
+
+
+def _nvml_handle(nvml, target: int | str):
+    if isinstance(target, int):
+        return nvml.nvmlDeviceGetHandleByIndex(target)
+    try:  # a full GPU- or MIG- UUID
+        return nvml.nvmlDeviceGetHandleByUUID(target)
+    except Exception:  # CUDA also accepts a unique prefix of one
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(target):
+                return handle
+        raise
 
 
 class Telemetry:
@@ -49,12 +120,13 @@ class Telemetry:
         run_dir: Path,
         is_main: bool,
         global_batch: int,
-        gpu_index: int,
+        gpu_index: int | None,
         knobs: str,
         stall_warn_fraction: float,
         scalars=None,
     ) -> None:
-        """``scalars``: the backend's scalar log (Backend.scalar_writer), or None."""
+        """``gpu_index``: the CUDA ordinal the backend trains on (Backend.device_index), None on
+        the CPU; ``scalars``: the backend's scalar log (Backend.scalar_writer), or None."""
         self.is_main = is_main
         self.stall_warn_fraction = stall_warn_fraction  # train.stall_warn_fraction
         self.global_batch = global_batch
@@ -63,7 +135,7 @@ class Telemetry:
         # Held open for the whole run (closed in close()), flushed after every record.
         self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if is_main else None  # noqa: SIM115
         self._scalars = scalars
-        self._gpu = GpuMonitor(gpu_index)
+        self._gpu = GpuMonitor(gpu_index if is_main else None)  # only rank 0 records it
         self._bar = None
         self._stall_windows = 0
         self.totals = {"wait_s": 0.0, "wall_s": 0.0, "samples": 0, "steps": 0}

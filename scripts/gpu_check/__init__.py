@@ -10,8 +10,8 @@ any venv exists, makes the venvs (GPU mode) and runs every check as a child proc
 python, so a check that fails, hangs or aborts inside a CUDA library is recorded in the JSON and
 the next one runs. The children are this package's helper commands, whose names start with "_":
 ``_probe`` (framework build and a few ops on the device), ``_data`` (synthetic datasets),
-``_train`` (``python -m train`` plus peak device memory, optionally without the torch
-side-stream prefetcher) and ``_synthetic`` (ResNet-50 steps on random device tensors).
+``_train`` (``python -m train`` plus peak device memory) and ``_synthetic`` (ResNet-50 steps
+on random device tensors).
 
 Progress goes to stderr, the JSON to stdout. Exit 0: every check ran (its status, ok or error,
 is in the JSON); 3: the time budget (GPU_CHECK_BUDGET_S) left some checks skipped; 1: the script

@@ -211,8 +211,8 @@ def check_loader(ctx: Context, workers: int, no_prefetch: bool = False) -> dict:
     """single_gpu.yaml (ResNet-50, bf16, prefetch 4, persistent workers) fed by our loader."""
     name = "prefetcher.off" if no_prefetch else f"throughput.loader.w{workers}"
     run_dir = ctx.work / "runs" / name
-    args = bench_args(ctx.plan, ctx.work, name, workers)
-    run = ctx.train(name, "torch", args, no_prefetch=no_prefetch)
+    args = bench_args(ctx.plan, ctx.work, name, workers, prefetch=not no_prefetch)
+    run = ctx.train(name, "torch", args)
     if not run.ok:
         return failed(run, workers=workers)
     records = train_records(run_dir)
@@ -232,8 +232,10 @@ def check_loader(ctx: Context, workers: int, no_prefetch: bool = False) -> dict:
         problems.append(f"ran on {device}, expected {ctx.plan.device}")
     if not stats["samples_per_s"]:
         problems.append("no logging window to measure")
-    if no_prefetch and not run.stats.get("prefetch_patched"):
-        problems.append("the prefetcher could not be switched off")
+    resolved = run_dir / "config.resolved.yaml"
+    said = resolved.read_text(encoding="utf-8") if resolved.is_file() else ""
+    if f"device_prefetch: {'false' if no_prefetch else 'true'}" not in said:
+        problems.append(f"loader.device_prefetch did not reach the run ({resolved})")
     return verdict(result, problems)
 
 
@@ -267,9 +269,8 @@ def check_synthetic(ctx: Context) -> dict:
 
 
 PREFETCH_NOTE = (
-    "train/backends/torch has no knob for the side-stream prefetcher: on CUDA, "
-    "TorchBackend.device_batches always copies and normalizes the next batch on a side stream "
-    "(_cuda_prefetch). 'off' is the same training run with device_batches replaced, in the check's "
-    "own process, by the per-batch copy the CPU path uses (_to_device on the compute stream). "
-    "On the CPU the prefetcher never runs, so both runs take the same path there."
+    "loader.device_prefetch: on CUDA, TorchBackend.device_batches copies and normalizes the next "
+    "batch on a side stream while the step runs (_cuda_prefetch); 'off' is the same training run "
+    "with loader.device_prefetch=false, a plain copy per batch on the compute stream. On the CPU "
+    "the prefetcher never runs, so both runs take the same path there."
 )

@@ -82,10 +82,13 @@ def bench_overrides(plan: Plan, work: Path) -> list[str]:
     ]
 
 
-def bench_args(plan: Plan, work: Path, name: str, workers: int) -> list[str]:
+def bench_args(plan: Plan, work: Path, name: str, workers: int, prefetch: bool = True) -> list[str]:
+    """A loader throughput run; ``prefetch`` False switches the torch backend's side-stream
+    prefetcher off (loader.device_prefetch)."""
     overrides = [
         *bench_overrides(plan, work),
         f"loader.num_workers={workers}",
+        f"loader.device_prefetch={'true' if prefetch else 'false'}",
         f"train.max_steps={plan.bench_steps}",
         f"train.log_every={plan.bench_log_every}",
         f"train.checkpoint_every={plan.bench_steps}",
@@ -117,6 +120,9 @@ def all_train_commands(plan: Plan, work: Path) -> dict[str, list[str]]:
     for workers in WORKER_COUNTS:
         name = f"throughput.loader.w{workers}"
         commands[name] = bench_args(plan, work, name, workers)
+    commands["prefetcher.off"] = bench_args(
+        plan, work, "prefetcher.off", WORKER_COUNTS[-1], prefetch=False
+    )
     commands["throughput.synthetic"] = [
         "--config",
         "configs/resnet50/single_gpu.yaml",

@@ -146,12 +146,9 @@ class Context:
         result.stats = read_json(stats_path) if stats else marked(result.output)
         return result
 
-    def train(
-        self, name: str, framework: str, train_args: list[str], no_prefetch: bool = False
-    ) -> RunResult:
+    def train(self, name: str, framework: str, train_args: list[str]) -> RunResult:
         """``python -m train TRAIN_ARGS`` in the framework's venv, through ``_train``."""
-        flags = ["--no-prefetch"] if no_prefetch else []
-        return self.helper(name, framework, ["_train", *flags, "--", *train_args], stats=True)
+        return self.helper(name, framework, ["_train", "--", *train_args], stats=True)
 
 
 def child_env(env: dict[str, str] | None) -> dict[str, str]:

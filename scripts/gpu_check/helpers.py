@@ -1,9 +1,9 @@
 """The helper commands, which the orchestrator runs as children in a framework's venv
 (``python scripts/gpu_check _NAME ...``): ``_probe`` (device_probe.py), ``_configs`` (command
 lines through the config loader), ``_data`` (synthetic datasets), ``_train`` (``python -m train``
-plus peak device memory, optionally without the torch side-stream prefetcher) and ``_synthetic``
-(ResNet-50 steps on random device tensors). Each answers in a stats file or one ``GPU-CHECK``
-line. Framework and project imports happen inside them, in the venv.
+plus peak device memory) and ``_synthetic`` (ResNet-50 steps on random device tensors). Each
+answers in a stats file or one ``GPU-CHECK`` line. Framework and project imports happen inside
+them, in the venv.
 """
 
 from __future__ import annotations
@@ -129,32 +129,15 @@ def _peak_memory_mb() -> tuple[str, float | None]:
     return "none", None
 
 
-def _without_prefetch() -> None:
-    """TorchBackend.device_batches without the side stream: the CPU path's per-batch copy."""
-    from train.backends.torch import backend as torch_backend
-
-    cls = torch_backend.TorchBackend
-    if not hasattr(cls, "_to_device"):
-        raise RuntimeError("TorchBackend has no _to_device: cannot switch the prefetcher off")
-
-    def device_batches_without_prefetch(self, loader):
-        return (self._to_device(batch) for batch in loader)
-
-    cls.device_batches = device_batches_without_prefetch
-
-
 def helper_train(args: argparse.Namespace) -> int:
     """``python -m train ARGS`` in this process (runpy, as -m does), then the peak device memory
     into the stats file."""
     import runpy
 
     _project_path()
-    stats: dict = {"prefetch_patched": False}
+    stats: dict = {}
     code: int | str | None = 0
     try:
-        if args.no_prefetch:
-            _without_prefetch()
-            stats["prefetch_patched"] = True
         sys.argv = ["python -m train", *args.train_args]
         runpy.run_module("train", run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
@@ -264,7 +247,6 @@ def helper_parser() -> argparse.ArgumentParser:
         p.add_argument(option, type=int, required=True)
     p = sub.add_parser("_train")
     p.add_argument("--stats", required=True)
-    p.add_argument("--no-prefetch", action="store_true")
     p.add_argument("train_args", nargs=argparse.REMAINDER)
     p = sub.add_parser("_synthetic")
     p.add_argument("--stats", required=True)

@@ -95,7 +95,7 @@ def summarize(report: dict) -> None:
     report["summary"] = {
         "images_per_s": {"synthetic": synthetic, "loader": loader},
         "prefetcher": {
-            "knob": None,
+            "knob": "loader.device_prefetch",
             "on": on.get("samples_per_s"),
             "off": off.get("samples_per_s"),
             "on_over_off": gain,

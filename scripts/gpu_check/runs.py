@@ -66,7 +66,7 @@ def window_stats(records: list[dict], skip_first: bool = True) -> dict:
         wall += record["batch_cost_s"] * steps
         wait += record["reader_cost_s"] * steps
         samples += record["samples_per_s"] * record["batch_cost_s"] * steps
-    util = [r["gpu_util"] for r in used if "gpu_util" in r]
+    util = [r["gpu_util"] for r in used if r.get("gpu_util") is not None]  # null: NVML refused
     return {
         "samples_per_s": samples / wall if wall else None,
         "data_wait_fraction": min(1.0, wait / wall) if wall else None,

@@ -44,6 +44,16 @@ import numpy as np
 from train import tasks
 
 
+class DeviceUnavailableError(RuntimeError):
+    """train.device asks for a GPU this process cannot train on (a CPU build, no visible GPU,
+    a driver too old for the build, fewer GPUs than ranks). ``reason`` and ``fix`` are one line
+    each; python -m train prints them and exits with EXIT_DEVICE."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(f"{reason}. HINT: {fix}")
+        self.reason, self.fix = reason, fix
+
+
 @dataclass(frozen=True)
 class DistInfo:
     rank: int = 0
@@ -68,7 +78,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def init_distributed(self) -> DistInfo:
         """Read the launcher's environment, join the process group when world size > 1 (gloo on
-        CPU, nccl on GPU), and pick the device from train.device (auto: GPU if any)."""
+        CPU, nccl on GPU), and pick the device from train.device by common.choose_gpu (auto: a
+        GPU if the framework can use one; gpu: DeviceUnavailableError when it cannot)."""
 
     @property
     @abc.abstractmethod
@@ -77,7 +88,13 @@ class Backend(abc.ABC):
 
     @property
     def uses_gpu(self) -> bool:
-        return not self.device_name.startswith("cpu")
+        return self.device_index is not None
+
+    @property
+    @abc.abstractmethod
+    def device_index(self) -> int | None:
+        """The CUDA ordinal this process trains on (relative to CUDA_VISIBLE_DEVICES, as the
+        framework counts), or None on the CPU. Telemetry maps it to NVML's physical GPU."""
 
     def seed_everything(self, seed: int, deterministic: bool) -> None:
         """Seed Python's and numpy's global RNGs and the framework's (seed_framework); with

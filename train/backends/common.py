@@ -5,6 +5,8 @@
 - :class:`LoaderKnobs`: what a framework's DataLoader gets from ``loader:``, by one rule
   (batch size and drop_last from ``LoaderConfig.batching``);
 - :func:`pad_top_k`: the top-5 prediction of a model with fewer than 5 classes;
+- :func:`choose_gpu`: whether ``train.device`` means a GPU here, from what the framework says
+  about CUDA; the reason when it cannot have one;
 - :func:`amp_dtype`: which autocast dtype ``train.amp`` means on this device (said once when
   the CPU ignores it);
 - :func:`crnn_plan`: the CRNN, layer by layer, which both backends build (their conv stacks
@@ -21,9 +23,43 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from train import gpu_probe
+from train.backends.base import DeviceUnavailableError
+from train.doctor_gpu import no_cuda_reason
+from train.gpu_probe import FrameworkCuda
 from train.tasks import CrnnWidths
 
 log = logging.getLogger(__name__)
+
+
+def choose_gpu(wanted: str, cuda: FrameworkCuda) -> bool:
+    """Whether to train on a GPU, for train.device ``wanted`` and ``cuda``, what the framework
+    in this process says (its build, the GPUs it can use). gpu without a usable one raises
+    DeviceUnavailableError with the reason (a CPU build, CUDA_VISIBLE_DEVICES, a driver too
+    old, no GPU visible) and its fix; auto falls back to the CPU, with a loud warning when the
+    driver (NVML) sees GPUs the framework cannot use: they would idle all run."""
+    if wanted == "cpu":
+        return False
+    if cuda.usable:
+        return True
+    gpus = gpu_probe.nvml_gpus()
+    reason, fix = no_cuda_reason(cuda, gpus)
+    if wanted == "gpu":
+        seen = f" ({len(gpus)} GPU(s) visible to the driver)" if gpus else ""
+        if "train.device: cpu" not in fix:
+            fix += "; or set train.device: cpu"
+        raise DeviceUnavailableError(f"train.device is gpu but {reason}{seen}", fix)
+    if gpus:
+        log.warning(
+            "TRAINING ON THE CPU with %d GPU(s) idle: train.device is auto and the driver sees "
+            "%s, but %s cannot use CUDA: %s. HINT: %s; or set train.device: cpu to mean it",
+            len(gpus),
+            ", ".join(sorted({g.name for g in gpus})),
+            cuda.framework,
+            reason,
+            fix,
+        )
+    return False
 
 
 def stack_samples(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -77,6 +77,9 @@ class LoaderConfig:
     prefetch_factor: PositiveInt | None = None  # batches in flight per worker; None: 2
     persistent_workers: bool = False  # keep workers (and their open files) across epochs
     pin_memory: bool = True  # torch: page-locked batches copy to the GPU asynchronously
+    # torch on CUDA: copy and normalize the next batch on a side stream while this one trains;
+    # false: a plain copy per batch on the compute stream (Paddle's loader always stages ahead)
+    device_prefetch: bool = True
     use_shared_memory: bool = True  # paddle: workers hand batches over through /dev/shm
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None  # None: default
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever
@@ -128,6 +131,11 @@ class TrainConfig:
     checkpoint_every: PositiveInt | None = None  # steps; None: at the end of each epoch
     keep_last: PositiveInt = 3  # checkpoints kept
     stall_warn_fraction: Fraction = 0.3  # warn when steps wait on data longer than this share
+    # Seconds a rank waits for the others, at the start (rendezvous, NCCL setup) and in every
+    # collective, before the run fails. Every rank stages s3:// data before it joins, so one
+    # node staging longer than NCCL's default 10 min left the others to time out at the start;
+    # a hang is also detected only after this long.
+    dist_timeout_s: PositiveFloat = 1800.0
 
 
 @dataclass(frozen=True, kw_only=True)

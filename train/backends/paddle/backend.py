@@ -26,10 +26,11 @@ import paddle.distributed as dist
 from paddle.utils import unique_name
 
 from train.backends import common
-from train.backends.base import Backend, DistInfo
+from train.backends.base import Backend, DeviceUnavailableError, DistInfo
 from train.backends.paddle import data as paddle_data
 from train.backends.paddle.models import HEADS, build_model
 from train.checkpoint import refuse_pickle
+from train.gpu_probe import FrameworkCuda
 from train.schedule import lr_factor, weight_decay_groups
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class PaddleBackend(Backend):
         self.scheduler: paddle.optimizer.lr.LambdaDecay | None = None
         self.scaler: paddle.amp.GradScaler | None = None
         self.amp_dtype: str | None = None  # "float16" | "bfloat16" | None
+        self.grad_clip: float | None = None  # optim.grad_clip
+        self._trainable: list[paddle.Tensor] = []  # the parameters the optimizer steps
         self.step = 0  # optimizer steps taken; also seeds Paddle's RNG per step (see _reseed)
         # Parameter and optimizer-accumulator names come from this generator, not the
         # process-wide one, so they are the same in every process and every backend instance:
@@ -72,35 +75,44 @@ class PaddleBackend(Backend):
             local_world_size=int(env.get("PADDLE_LOCAL_SIZE", str(world_size))),
         )
         self.gpu_id = self._pick_gpu()
-        paddle.set_device("cpu" if self.gpu_id is None else f"gpu:{self.gpu_id}")
+        _allow_tf32()
+        device = "cpu" if self.gpu_id is None else f"gpu:{self.gpu_id}"
+        paddle.set_device(device)
         if world_size > 1 and not dist.is_initialized():
-            dist.init_parallel_env()  # NCCL on GPU; gloo on CPU (the launcher sets it)
+            # The NCCL process group's timeout (ms), which Paddle 2.6 reads from the environment
+            # in init_parallel_env (ParallelEnv; its default is 30 min).
+            os.environ["PADDLE_PG_TIMEOUT"] = str(int(self.train.dist_timeout_s * 1000))
+            if self.gpu_id is None:
+                # On a GPU host the launcher hands each rank a GPU (FLAGS_selected_gpus) and no
+                # backend, and a CUDA build then picks NCCL: gloo is the CPU's.
+                os.environ["PADDLE_DISTRI_BACKEND"] = "gloo"
+            dist.init_parallel_env()
+            # init_parallel_env sets the expected place itself (the launcher's GPU on a CUDA
+            # build, whatever train.device says): ours again.
+            paddle.set_device(device)
         return self.dist
 
     def _pick_gpu(self) -> int | None:
-        wanted = self.train.device
-        gpus = paddle.device.cuda.device_count() if paddle.device.is_compiled_with_cuda() else 0
-        if wanted == "cpu" or (wanted == "auto" and gpus == 0):
+        if not common.choose_gpu(self.train.device, cuda_facts()):
             return None
-        if gpus == 0:
-            raise RuntimeError(
-                "train.device is gpu but Paddle sees no GPU: install paddlepaddle-gpu (this is "
-                f"{'a CUDA' if paddle.device.is_compiled_with_cuda() else 'the CPU'} build), "
-                "check `nvidia-smi` and the container's GPU runtime, or set train.device: cpu"
-            )
+        gpus = paddle.device.cuda.device_count()
         # The launcher gives each rank its GPU in FLAGS_selected_gpus (--devices 0,1,...).
         selected = os.environ.get("FLAGS_selected_gpus", "").split(",")[0]  # noqa: SIM112
         gpu = int(selected) if selected.strip() else self.dist.local_rank
         if gpu >= gpus:
-            raise RuntimeError(
-                f"rank {self.dist.rank} wants GPU {gpu} but only {gpus} are visible; start at "
-                "most one process per GPU (paddle.distributed.launch --devices)"
+            raise DeviceUnavailableError(
+                f"rank {self.dist.rank} wants GPU {gpu} but only {gpus} are visible",
+                "start at most one process per GPU (paddle.distributed.launch --devices)",
             )
         return gpu
 
     @property
     def place(self) -> Any:
         return paddle.CPUPlace() if self.gpu_id is None else paddle.CUDAPlace(self.gpu_id)
+
+    @property
+    def device_index(self) -> int | None:
+        return self.gpu_id
 
     @property
     def device_name(self) -> str:
@@ -193,6 +205,8 @@ class PaddleBackend(Backend):
             factor = lr_factor(optim.schedule, optim.warmup_steps, total_steps)
             self.scheduler = paddle.optimizer.lr.LambdaDecay(optim.lr, factor)
             self.optimizer = _make_optimizer(self.net, optim, self.scheduler)
+        self._trainable = [p for p in self.net.parameters() if p.trainable]
+        self.grad_clip = optim.grad_clip
         self.amp_dtype = common.amp_dtype(self.train.amp, self.gpu_id is not None)
         # Only fp16 needs loss scaling: bf16 has float32's exponent range.
         self.scaler = paddle.amp.GradScaler() if self.amp_dtype == "float16" else None
@@ -230,15 +244,33 @@ class PaddleBackend(Backend):
         with self._own_names():
             if self.scaler is None:
                 loss.backward()
+                self._clip_gradients()
                 self.optimizer.step()
             else:
-                scaled = self.scaler.scale(loss)
-                scaled.backward()
-                self.scaler.minimize(self.optimizer, scaled)  # unscale, clip, step, update
+                self.scaler.scale(loss).backward()
+                self._clip_gradients()
+                # step() runs the optimizer unless the gradients overflowed (unscaling them
+                # first unless _clip_gradients did); update() adapts the scale. Not minimize():
+                # Optimizer.minimize walks the parameter list, which holds our parameter groups
+                # (dicts), and fails with "must be list of Tensor, but got dict".
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
         self.optimizer.clear_grad(set_to_zero=False)  # frees the gradients, like set_to_none
         self.scheduler.step()
         self.step += 1
         return loss.detach()
+
+    def _clip_gradients(self) -> None:
+        """optim.grad_clip: scale the gradients so that the norm of all of them together is at
+        most grad_clip, as torch's clip_grad_norm_. Not the optimizer's grad_clip: with
+        parameter groups, Paddle 2.6 applies it per group (Optimizer._apply_optimize), clipping
+        the decayed and the undecayed parameters each to the full norm. Under fp16 the scaled
+        gradients are unscaled first: the limit is on the true ones."""
+        if self.grad_clip is None:
+            return
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        paddle.nn.utils.clip_grad_norm_(self._trainable, self.grad_clip)
 
     def to_float(self, loss: Any) -> float:
         return float(loss.item())
@@ -345,6 +377,36 @@ class PaddleBackend(Backend):
             dist.destroy_process_group()
 
 
+def _allow_tf32() -> None:
+    """TF32 tensor cores for float32 matrix multiplies (cuBLAS) and convolutions (cuDNN): Paddle
+    2.6's defaults, said explicitly because the torch backend sets the same (see its
+    _allow_tf32). Only CUDA builds have these switches."""
+    core = paddle.base.core
+    for switch in ("set_cublas_switch", "set_cudnn_switch"):
+        if hasattr(core, switch):
+            getattr(core, switch)(True)
+
+
+def cuda_facts() -> FrameworkCuda:
+    """What this Paddle build says about CUDA (as train/gpu_probe.py's probe asks it): whether
+    it is a CUDA build and the GPUs it can use."""
+    compiled = bool(paddle.device.is_compiled_with_cuda())
+    count, said = 0, ""
+    if compiled:
+        try:
+            count = paddle.device.cuda.device_count()
+        except Exception as error:  # a CUDA runtime that cannot start
+            said = str(error).strip().splitlines()[0][:500] if str(error).strip() else ""
+    return FrameworkCuda(
+        "paddle",
+        version=paddle.__version__,
+        cuda=paddle.version.cuda() if compiled else None,
+        compiled=compiled,
+        count=count,
+        warnings=said,
+    )
+
+
 def _set_flags_that_exist(**flags: Any) -> None:
     """paddle.set_flags, skipping flags this build does not define (CUDA-only ones on CPU)."""
     for name, value in flags.items():
@@ -356,15 +418,13 @@ def _set_flags_that_exist(**flags: Any) -> None:
 
 def _make_optimizer(net: paddle.nn.Layer, optim, schedule) -> paddle.optimizer.Optimizer:
     """optim is a train.config.OptimConfig; weight decay by train/schedule.py's rule. Only
-    trainable parameters: Paddle keeps BatchNorm's running statistics as frozen ones."""
+    trainable parameters: Paddle keeps BatchNorm's running statistics as frozen ones. No
+    grad_clip here: PaddleBackend._clip_gradients clips over all groups together."""
     groups = weight_decay_groups([p for p in net.parameters() if p.trainable], optim.weight_decay)
-    clip = paddle.nn.ClipGradByGlobalNorm(optim.grad_clip) if optim.grad_clip else None
     if optim.name == "sgd":
-        return paddle.optimizer.Momentum(
-            schedule, momentum=optim.momentum, parameters=groups, grad_clip=clip
-        )
+        return paddle.optimizer.Momentum(schedule, momentum=optim.momentum, parameters=groups)
     optimizer_class = paddle.optimizer.Adam if optim.name == "adam" else paddle.optimizer.AdamW
-    return optimizer_class(schedule, parameters=groups, grad_clip=clip)
+    return optimizer_class(schedule, parameters=groups)
 
 
 def _read_state(path: Path) -> dict[str, Any]:

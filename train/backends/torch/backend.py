@@ -11,7 +11,9 @@ import logging
 import os
 import pickle
 import random
+import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +25,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from train.backends import common
-from train.backends.base import Backend, DistInfo
+from train.backends.base import Backend, DeviceUnavailableError, DistInfo
 from train.backends.torch.data import make_loader
 from train.backends.torch.models import FAMILIES, HEADS, build_model
 from train.checkpoint import refuse_pickle
 from train.cpus import usable_cores
+from train.gpu_probe import FrameworkCuda
 from train.schedule import lr_factor, weight_decay_groups
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,7 @@ class TorchBackend(Backend):
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world_size))),
         )
         self.device = self._pick_device()
+        _allow_tf32()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if world_size > 1 and not dist.is_initialized():
@@ -72,26 +76,27 @@ class TorchBackend(Backend):
                 backend="nccl" if cuda else "gloo",
                 rank=self.dist.rank,
                 world_size=world_size,
+                # The rendezvous, NCCL's setup and every collective (NCCL's default: 10 min).
+                timeout=timedelta(seconds=self.train.dist_timeout_s),
                 # Binds NCCL to this rank's GPU up front, so collectives never guess the device.
                 device_id=self.device if cuda else None,
             )
         return self.dist
 
     def _pick_device(self) -> torch.device:
-        wanted = self.train.device
-        if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
+        if not common.choose_gpu(self.train.device, cuda_facts()):
             return torch.device("cpu")
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "train.device is gpu but PyTorch sees no CUDA device; check `nvidia-smi` and "
-                "the container's GPU runtime, or set train.device: cpu"
-            )
-        if self.dist.local_rank >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"LOCAL_RANK {self.dist.local_rank} but only {torch.cuda.device_count()} GPUs "
-                "are visible; start at most one process per GPU (torchrun --nproc-per-node)"
+        count = torch.cuda.device_count()
+        if self.dist.local_rank >= count:
+            raise DeviceUnavailableError(
+                f"LOCAL_RANK {self.dist.local_rank} but only {count} GPU(s) are visible",
+                "start at most one process per GPU (torchrun --nproc-per-node)",
             )
         return torch.device("cuda", self.dist.local_rank)
+
+    @property
+    def device_index(self) -> int | None:
+        return self.device.index if self.device.type == "cuda" else None
 
     @property
     def device_name(self) -> str:
@@ -127,16 +132,18 @@ class TorchBackend(Backend):
 
     # --- data ------------------------------------------------------------------------------
     def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
-        return make_loader(
+        loader = make_loader(
             dataset,
             sampler,
             common.LoaderKnobs.of(loader_config, num_workers, train),
             pin_memory=loader_config.pin_memory and self.device.type == "cuda",
             seed=self.seed,
         )
+        loader.device_prefetch = loader_config.device_prefetch  # read by device_batches
+        return loader
 
     def device_batches(self, loader) -> Iterator[dict[str, Any]]:
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and getattr(loader, "device_prefetch", True):
             return self._cuda_prefetch(loader)
         return (self._to_device(batch) for batch in loader)
 
@@ -290,7 +297,11 @@ class TorchBackend(Backend):
     def load_state(self, directory: Path) -> None:
         directory = Path(directory)
         self.net.load_state_dict(self._load(directory, "model", self.device))
-        self.optimizer.load_state_dict(self._load(directory, "optimizer", self.device))
+        # Read onto the CPU: load_state_dict moves each parameter's state to that parameter's
+        # device itself, except Adam's "step" counts, which it leaves where they were read.
+        # Torch keeps them on the CPU; on the GPU, Adam would sync on each one's .item() in
+        # every step.
+        self.optimizer.load_state_dict(self._load(directory, "optimizer", "cpu"))
         self.scheduler.load_state_dict(self._load(directory, "scheduler", "cpu"))
         self.scaler.load_state_dict(self._load(directory, "scaler", "cpu"))
         _set_rng_state(self._load(directory, "rng", "cpu"), self.device)
@@ -348,6 +359,39 @@ class TorchBackend(Backend):
             dist.destroy_process_group()
 
 
+def _allow_tf32() -> None:
+    """TF32 tensor cores (Ampere and newer) for float32 matrix multiplies and convolutions, as
+    Paddle 2.6 does by default for both (cuBLAS and cuDNN). Torch's defaults differ: TF32 for
+    convolutions, full float32 for matmuls, which slowed the CRNN's LSTM and linear layers and
+    skewed every torch-vs-Paddle comparison. TF32 keeps float32's range with a 10-bit mantissa:
+    the common choice for training; under AMP only the float32 ops use it."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def cuda_facts() -> FrameworkCuda:
+    """What this torch build says about CUDA (as train/gpu_probe.py's probe asks it): whether
+    it is a CUDA build, the GPUs it can use, and what it warned while looking (a driver too
+    old, for one)."""
+    compiled = torch.version.cuda is not None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            count = torch.cuda.device_count() if compiled and torch.cuda.is_available() else 0
+        except Exception as error:  # a CUDA runtime that cannot start
+            warnings.warn(str(error), stacklevel=1)
+            count = 0
+    said = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught))[:500]
+    return FrameworkCuda(
+        "torch",
+        version=torch.__version__,
+        cuda=torch.version.cuda,
+        compiled=compiled,
+        count=count,
+        warnings=said,
+    )
+
+
 def _make_optimizer(net: nn.Module, optim) -> torch.optim.Optimizer:
     """optim is a train.config.OptimConfig; weight decay by train/schedule.py's rule (none on
     1-D parameters), as in the Paddle backend."""
@@ -378,8 +422,28 @@ def _rng_state(device: torch.device) -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch_cpu"])
     if device.type == "cuda" and "torch_cuda" in state:
-        torch.cuda.set_rng_state_all(state["torch_cuda"])
+        _set_cuda_rng_states(state["torch_cuda"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, position, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+
+
+def _set_cuda_rng_states(states: list[torch.Tensor]) -> None:
+    """The CUDA generators' states, one per GPU that was visible at the save
+    (get_rng_state_all), onto the GPUs visible now: the first min(saved, visible).
+    torch.cuda.set_rng_state_all would raise IndexError on a pod with fewer GPUs. Each rank
+    draws from its own GPU's generator only (cuda:LOCAL_RANK), so its state is among them."""
+    visible = torch.cuda.device_count()
+    restored = min(len(states), visible)
+    if restored != len(states) or restored != visible:
+        log.info(
+            "checkpoint holds the CUDA RNG states of %d GPU(s), %d are visible: restoring "
+            "GPUs 0-%d%s",
+            len(states),
+            visible,
+            restored - 1,
+            "" if visible <= restored else "; the others keep their seeded state",
+        )
+    for index in range(restored):
+        torch.cuda.set_rng_state(states[index], index)
