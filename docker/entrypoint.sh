@@ -50,6 +50,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
         --set=*) doctor_args+=(--set "${arg#--set=}") ;;
         --output-dir) doctor_args+=(--output-dir "${args[i + 1]:-}") ;;
         --output-dir=*) doctor_args+=(--output-dir "${arg#--output-dir=}") ;;
+        --resume | --auto-resume | --overwrite) doctor_args+=("$arg") ;;
         train.doctor | train/doctor.py) is_doctor=1 ;;
     esac
 done

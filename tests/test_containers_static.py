@@ -339,8 +339,13 @@ def test_entrypoint_train_shorthand_and_doctor_failure(tmp_path):
     env = {"CONFIG": "x.yaml", "DEVICE_ARGS": "--set train.device=cpu", "TRAIN_ARGS": "--set k=v"}
     r = run_entrypoint(tmp_path, ["train"], env, "sys.exit(1)")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "DOCTOR ['--config', 'x.yaml', '--set', 'train.device=cpu', '--set', 'k=v']" in r.stdout
+    # `train` adds --auto-resume, and the doctor sees the run flags the trainer will get
+    doctor = "['--config', 'x.yaml', '--set', 'train.device=cpu', '--set', 'k=v', '--auto-resume']"
+    assert f"DOCTOR {doctor}" in r.stdout
     assert "FAIL" in r.stderr and "SKIP_DOCTOR=1" in r.stderr
+    env["TRAIN_ARGS"] = "--set k=v --overwrite"  # the user's choice wins over --auto-resume
+    r = run_entrypoint(tmp_path, ["train"], env, "sys.exit(1)")
+    assert "'k=v', '--overwrite']" in r.stdout and "--auto-resume" not in r.stdout
 
 
 def test_entrypoint_skips_doctor_when_absent_or_asked(tmp_path):
