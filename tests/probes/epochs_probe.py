@@ -6,9 +6,11 @@ descriptors and child processes before and after (resource hygiene).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -19,6 +21,19 @@ from datasets.dataset import build_ocr_dataset  # noqa: E402
 from datasets.ocr_transforms import CharDict  # noqa: E402
 from datasets.sampler import EpochSampler  # noqa: E402
 from train.backends.common import LoaderKnobs  # noqa: E402
+
+
+def settled_fd_count(timeout_s: float = 5.0) -> int:
+    """Open descriptors once the last epoch's shutdown has finished: the fewest seen over up to
+    `timeout_s`. Under load a loader's pipes can close a moment after its iterator ends (seen
+    with Paddle on a busy 2-core host); a leak stays open, so it still counts."""
+    gc.collect()
+    fewest = len(os.listdir("/proc/self/fd"))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        fewest = min(fewest, len(os.listdir("/proc/self/fd")))
+    return fewest
 
 
 def main() -> None:
@@ -42,7 +57,7 @@ def main() -> None:
         if epoch in (min(10, epochs - 2), epochs - 1):  # after warm-up: lazily opened files
             counts.append(
                 {
-                    "fds": len(os.listdir("/proc/self/fd")),
+                    "fds": settled_fd_count(),
                     "children": len(
                         [
                             c
