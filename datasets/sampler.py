@@ -3,7 +3,13 @@
 Yields ``(epoch, position)`` pairs so the dataset can seed augmentation per sample without any
 state shared with the main process. The order is a permutation seeded by (seed, epoch), split
 across ranks like DistributedSampler (padded by wrapping so every rank gets the same count), and
-can start part-way through an epoch: a resumed run continues exactly where it stopped.
+can start part-way through an epoch: a resumed run continues exactly where it stopped, on the
+same number of ranks or another.
+
+Why a resume can change the number of ranks: rank r reads positions r, r + W, r + 2W, ... of the
+epoch's order, so after each of the W ranks has read p samples the samples read are exactly the
+first p * W of the order, whichever rank read them. A checkpoint records that global count; a
+resume deals the rest of the order out to however many ranks it has.
 """
 
 from __future__ import annotations
@@ -33,31 +39,40 @@ class EpochSampler:
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
-        self.start = 0  # positions of this rank's list already consumed (resume)
+        self.consumed = 0  # samples of the epoch's order already read by all ranks (resume)
 
     @property
     def per_rank(self) -> int:
-        return -(-self.num_samples // self.world_size)  # ceil
+        """Positions each rank reads in the rest of the epoch (all of it unless resumed)."""
+        remaining = max(0, self.num_samples - self.consumed)
+        return -(-remaining // self.world_size)  # ceil
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
+        """Read epoch ``epoch`` from the start, or, resuming, without its first ``consumed``
+        positions: the samples all ranks together read before the checkpoint."""
+        if consumed < 0:
+            raise ValueError(f"consumed {consumed} is negative")
+        self.epoch, self.consumed = epoch, consumed
 
     def positions(self) -> np.ndarray:
         if self.shuffle:
             order = np.random.default_rng((self.seed, self.epoch)).permutation(self.num_samples)
         else:
             order = np.arange(self.num_samples)
+        rest = order[self.consumed :]
         total = self.per_rank * self.world_size
-        if total > self.num_samples:  # pad by wrapping so every rank gets per_rank positions
-            order = np.concatenate([order, order[: total - self.num_samples]])
-        return order[self.rank : total : self.world_size]
+        if total > len(rest):  # pad by wrapping so every rank gets per_rank positions
+            # From the order's start, whatever was consumed: on the world size that started the
+            # epoch this pads exactly as an uninterrupted epoch does.
+            rest = np.concatenate([rest, np.resize(order, total - len(rest))])
+        return rest[self.rank : total : self.world_size]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        for position in self.positions()[self.start :]:
+        for position in self.positions():
             yield self.epoch, int(position)
 
     def __len__(self) -> int:
-        return self.per_rank - self.start
+        return self.per_rank
 
 
 class EpochBatchSampler:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.test_train import ROOT, data_overrides, set_args
@@ -99,3 +101,136 @@ def test_paddle_launch_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
     assert result.returncode == 0, result.stdout[-2000:] + worker_logs[-4000:]
     assert "2 rank(s)" in worker_logs
     assert_written_once_by_rank_0(out, "acc")
+
+
+# ---------------------------------------------------------------- resume on another world size
+def launch(framework: str, nproc: int, out: Path, sets: list[str], logs: Path, *extra: str):
+    """python -m train on ``nproc`` CPU ranks: torchrun or paddle.distributed.launch, or plainly
+    for one rank."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "train"]
+    elif framework == "torch":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "train"]
+    else:
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc)]
+        cmd += ["--log_dir", str(logs), "train/__main__.py"]
+    cmd += ["--config", "configs/resnet50/smoke.yaml", "--output-dir", str(out), *extra]
+    result = subprocess.run(
+        cmd + set_args(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    worker_logs = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("workerlog.*")))
+    assert result.returncode == 0, result.stderr[-3000:] + worker_logs[-3000:]
+    return result.stderr + worker_logs
+
+
+def records(out: Path, kind: str) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+def lr_at(out: Path, step: int, after: int = 0) -> float:
+    """The logged learning rate after ``step``, among the records after the first ``after``."""
+    return next(r["lr"] for r in records(out, "train")[after:] if r["step"] == step)
+
+
+def rewind_to(out: Path, step: int) -> None:
+    """The run directory as if the run had stopped at ``step``'s checkpoint."""
+    checkpoints = out / "checkpoints"
+    for path in checkpoints.glob("step-????????"):
+        if int(path.name[5:]) > step:
+            shutil.rmtree(path)
+    (checkpoints / "latest").write_text(f"step-{step:08d}\n")
+
+
+RESHARD_CASES = [
+    pytest.param("torch", 1, marks=pytest.mark.torch),
+    pytest.param("torch", 3, marks=pytest.mark.torch),
+    pytest.param("paddle", 1, marks=pytest.mark.paddle),
+]
+
+
+@pytest.mark.parametrize("framework, new_world", RESHARD_CASES)
+def test_resume_on_another_world_size_continues_the_same_training(
+    framework, new_world, tmp_path, ocr_lmdb, image_h5
+):
+    """A 2-rank run of 2 epochs over 24 samples (global batch 4: 6 steps an epoch), stopped at
+    step 3 (half of epoch 0 read), resumes on 1 rank (global batch 2) or 3 ranks (6): the step
+    count converts (3 -> 6 or 2), the rest of epoch 0 is read once (6 or 2 more steps) and
+    epoch 1 whole, the run ends at 2 epochs (24 or 8 steps), and the learning rate after the
+    same samples equals the 2-rank run's (cosine over the run, no warmup)."""
+    if framework == "paddle":
+        import paddle
+
+        if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+            pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
+    sets = [
+        f"framework={framework}",
+        *data_overrides("resnet50", ocr_lmdb, image_h5),
+        "data.image_size=32",
+        "data.eval_resize=36",
+        "loader.batch_size=2",
+        "loader.num_workers=1",
+        "train.epochs=2",
+        "train.max_steps=1000",  # epochs decide
+        "train.log_every=1",
+        "train.checkpoint_every=3",
+        "train.keep_last=10",
+        "optim.warmup_steps=0",
+    ]
+    first = tmp_path / "two-ranks"
+    launch(framework, 2, first, sets, tmp_path / "logs-2")
+    assert [r["step"] for r in records(first, "epoch")] == [6, 12]
+
+    resumed = tmp_path / f"resumed-on-{new_world}"
+    shutil.copytree(first, resumed)
+    rewind_to(resumed, 3)
+    copied = len(records(resumed, "train"))
+    logs = launch(framework, new_world, resumed, sets, tmp_path / "logs-n", "--resume")
+
+    scale = 2 / new_world  # steps of the new global batch per step of the old
+    assert f"resuming a checkpoint of 2 rank(s) on {new_world}" in logs
+    assert f"step 3 -> {round(3 * scale)}" in logs
+    epoch_ends = [r["step"] for r in records(resumed, "epoch")][2:]  # after the copied two
+    assert epoch_ends == [round(6 * scale), round(12 * scale)]
+    assert json.loads((resumed / "summary.json").read_text())["steps"] == round(12 * scale)
+    resumed_steps = [r["step"] for r in records(resumed, "train")[copied:]]
+    assert resumed_steps == list(range(round(3 * scale) + 1, round(12 * scale) + 1))
+    # The same samples seen, the same point of the LR curve: after epoch 0 and mid-epoch 1.
+    for old_step in (6, 9):
+        if (old_step * scale) % 1 == 0:
+            new_step = round(old_step * scale)
+            assert lr_at(resumed, new_step, after=copied) == pytest.approx(lr_at(first, old_step))
+
+
+@pytest.mark.parametrize(
+    "framework",
+    [
+        pytest.param("torch", marks=pytest.mark.torch),
+        pytest.param("paddle", marks=pytest.mark.paddle),
+    ],
+)
+def test_sync_buffers_gives_every_rank_rank_0s_batchnorm_statistics(framework, tmp_path):
+    """Ranks train BatchNorm running statistics on their own batches (Paddle's DataParallel never
+    syncs them): before an evaluation the backend makes them rank 0's, so all ranks evaluate
+    the model the checkpoint holds."""
+    if framework == "paddle":
+        import paddle
+
+        if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+            pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
+        cmd += ["--log_dir", str(tmp_path / "logs")]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    cmd += ["tests/probes/sync_buffers_probe.py", framework, str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (np.load(tmp_path / f"rank{r}.npy") for r in (0, 1))
+    assert rank0.size > 0 and np.all(rank0 == 1.0)  # rank 0 kept its own
+    assert np.array_equal(rank1, rank0)  # rank 1's (2.0) replaced by rank 0's

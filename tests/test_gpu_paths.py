@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.backends import build, first_batches, make_config, start
+from tests.test_train import train_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -257,20 +257,10 @@ FRAMEWORKS = [
 
 
 def smoke_command(framework: str, out: Path, ocr_lmdb: Path, *sets: str) -> list[str]:
-    items = [
-        f"framework={framework}",
-        "train.max_steps=2",
-        "train.log_every=1",
-        "optim.warmup_steps=0",
-        "loader.num_workers=0",
-        "loader.batch_size=8",
-        f"data.train={ocr_lmdb}",
-        f"data.val={ocr_lmdb}",
-        f"data.char_dict={ocr_lmdb.parent / 'charset.txt'}",
-        *sets,
-    ]
-    command = [sys.executable, "-m", "train", "--config", "configs/ocr/smoke.yaml"]
-    return command + ["--output-dir", str(out), *[a for s in items for a in ("--set", s)]]
+    """Two OCR smoke steps in the main process (no workers), then ``sets``."""
+    fast = ["train.max_steps=2", "train.log_every=1", "loader.num_workers=0"]
+    fast += ["optim.warmup_steps=0", "loader.batch_size=8"]
+    return train_cmd("ocr", framework, out, [*fast, *sets], ocr_lmdb=ocr_lmdb)
 
 
 def on_a_gpu_host() -> dict[str, str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.stand_ins import pynvml as stand_in
+from tests.test_train import train_cmd
 from train import telemetry
 from train.telemetry import GpuMonitor, Telemetry
 
@@ -88,22 +89,9 @@ def test_a_cpu_run_on_a_gpu_host_with_mig_trains_and_reports_no_gpu(tmp_path, oc
         "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "stand_ins"), str(ROOT)]),
         "CUDA_VISIBLE_DEVICES": "4,5",
     }
-    sets = [
-        "framework=torch",
-        "train.device=cpu",
-        "train.max_steps=4",
-        "train.log_every=2",
-        "train.eval_every=4",
-        "train.checkpoint_every=4",
-        "optim.warmup_steps=0",
-        "loader.num_workers=0",
-        "loader.batch_size=8",
-        f"data.train={ocr_lmdb}",
-        f"data.val={ocr_lmdb}",
-        f"data.char_dict={ocr_lmdb.parent / 'charset.txt'}",
-    ]
-    command = [sys.executable, "-m", "train", "--config", "configs/ocr/smoke.yaml"]
-    command += ["--output-dir", str(out), *[a for s in sets for a in ("--set", s)]]
+    sets = ["train.device=cpu", "train.max_steps=4", "train.log_every=2", "train.eval_every=4"]
+    sets += ["train.checkpoint_every=4", "optim.warmup_steps=0", "loader.num_workers=0"]
+    command = train_cmd("ocr", "torch", out, sets, ocr_lmdb=ocr_lmdb)
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

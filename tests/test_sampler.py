@@ -29,7 +29,7 @@ def test_resume_starts_mid_epoch():
     sampler = EpochSampler(20, seed=1)
     sampler.set_epoch(2)
     full = list(sampler)
-    sampler.set_epoch(2, start=7)
+    sampler.set_epoch(2, consumed=7)
     assert list(sampler) == full[7:] and len(sampler) == 13
     batches = list(EpochBatchSampler(sampler, 5, drop_last=True))
     assert len(batches) == 2 == len(EpochBatchSampler(sampler, 5, drop_last=True))
@@ -38,3 +38,24 @@ def test_resume_starts_mid_epoch():
 
 def test_unshuffled_order():
     assert [p for _, p in EpochSampler(4, shuffle=False)] == list(np.arange(4))
+
+
+def test_resume_on_another_world_size_reads_the_rest_of_the_epoch_once():
+    """2 ranks read 3 samples each (6 of the epoch's order); 3 ranks then read the other 14 of
+    20, dealt out evenly, and an uninterrupted epoch on the same world size is unchanged."""
+    before = [EpochSampler(20, seed=5, rank=r, world_size=2) for r in range(2)]
+    for sampler in before:
+        sampler.set_epoch(4)
+    read = [p for sampler in before for _, p in list(sampler)[:3]]
+    after = [EpochSampler(20, seed=5, rank=r, world_size=3) for r in range(3)]
+    for sampler in after:
+        sampler.set_epoch(4, consumed=6)
+    rest = [[p for _, p in sampler] for sampler in after]
+    assert {len(shard) for shard in rest} == {5}  # 14 samples, padded to 15 by wrapping
+    epoch = read + [p for shard in rest for p in shard]
+    assert sorted(set(epoch)) == list(range(20))  # every sample read
+    padding = [p for p in set(epoch) if epoch.count(p) > 1]
+    assert len(epoch) == 21 and padding == [before[0].positions()[0]]  # the order's first
+    same = EpochSampler(20, seed=5, rank=1, world_size=2)
+    same.set_epoch(4, consumed=6)
+    assert [p for _, p in same] == [p for _, p in before[1]][3:]

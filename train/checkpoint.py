@@ -24,8 +24,14 @@ log = logging.getLogger(__name__)
 @dataclass
 class Position:
     epoch: int = 0
-    step: int = 0  # optimizer steps done
-    epoch_samples: int = 0  # this rank's samples consumed in the current epoch
+    step: int = 0  # optimizer steps done, each of world_size x loader.batch_size samples
+    epoch_samples: int = 0  # samples of the current epoch consumed, by all ranks together
+    # How many ranks the checkpoint's steps were taken on, and the run's first launch (whose
+    # global batch train.max_steps and optim.warmup_steps count): a resume on another number
+    # of ranks converts the position (train/loop.py, Run.reshard). 0: a checkpoint from before
+    # they were recorded, taken to be from the resuming world size.
+    world_size: int = 0
+    started_world_size: int = 0
 
 
 class CheckpointError(Exception):

@@ -6,7 +6,6 @@ python -m train --config configs/ocr/smoke.yaml
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import time
@@ -77,23 +76,31 @@ class Run:
             self.val_loader = backend.make_loader(
                 data.val, val_sampler, loader_cfg, workers, train=False
             )
-        steps_per_epoch = len(self.sampler) // loader_cfg.batch_size
-        if steps_per_epoch < 1:
+        self.steps_per_epoch = len(self.sampler) // loader_cfg.batch_size
+        if self.steps_per_epoch < 1:
             raise DatasetError(
                 f"loader.batch_size {loader_cfg.batch_size} is larger than this rank's "
                 f"{len(self.sampler)} samples of {config.data.train}",
                 "lower loader.batch_size (or use fewer ranks)",
             )
-        self.total_steps = int(
-            min(train_cfg.max_steps or math.inf, train_cfg.epochs * steps_per_epoch)
-        )
+        self.total_steps = self.steps_in_run(step_scale=1.0)
 
         # Model, optimizer and schedule; on --resume, their state and where the run was.
         input_shape = tasks.get(config.task).input_shape(config.data)
         backend.build(config.model, config.optim, input_shape, data.num_classes, self.total_steps)
+        world = dist.world_size
         self.position = (
-            checkpoint.restore(run_dir, backend, config) if resume else checkpoint.Position()
+            checkpoint.restore(run_dir, backend, config)
+            if resume
+            else checkpoint.Position(world_size=world, started_world_size=world)
         )
+        if self.position.world_size in (0, world):  # 0: saved before world sizes were recorded
+            if not self.position.world_size:
+                self.position.epoch_samples *= world  # then it counted one rank's samples
+            self.position.world_size = world
+            self.position.started_world_size = self.position.started_world_size or world
+        else:
+            self.reshard()
 
         knobs = (
             f"workers={workers} prefetch={loader_cfg.prefetch_factor or 2} "
@@ -119,13 +126,15 @@ class Run:
         """Train this epoch's batches (the rest of them, on resume) until they end, the run's
         last step, or a stop request. Returns whether the epoch's batches are all done."""
         position, every, backend = self.position, self.train_cfg, self.backend
-        self.sampler.set_epoch(position.epoch, start=position.epoch_samples)
+        self.sampler.set_epoch(position.epoch, consumed=position.epoch_samples)
         self.data.train.start_epoch(position.epoch)
+        left = len(self.sampler)  # this rank's samples in the rest of the epoch
         for batch in self.telemetry.timed(backend.device_batches(self.loader)):
             with backend.profile_range("train_step"):
                 self.loss = backend.train_step(batch)
             position.step += 1
-            position.epoch_samples += self.batch_size
+            position.epoch_samples += self.batch_size * self.dist.world_size
+            left -= self.batch_size
             self.telemetry.step_done(position.step)
             if position.step % every.log_every == 0:
                 bad = sum(self.data.train.bad_log.epoch_counts().values())
@@ -142,8 +151,56 @@ class Run:
                 return False
             if position.step >= self.total_steps:
                 # The last step may also have been the epoch's last batch.
-                return self.sampler.per_rank - position.epoch_samples < self.batch_size
+                return left < self.batch_size
         return True
+
+    def steps_in_run(self, step_scale: float, epochs_steps: int | None = None) -> int:
+        """The run's last step: the end of train.epochs (``epochs_steps``; default: epochs of
+        this world size's steps per epoch), or train.max_steps, which counts steps of the first
+        launch's global batch (``step_scale``: its world size over this one's)."""
+        if epochs_steps is None:
+            epochs_steps = self.train_cfg.epochs * self.steps_per_epoch
+        max_steps = self.train_cfg.max_steps
+        if max_steps is None:
+            return epochs_steps
+        return min(epochs_steps, max(1, round(max_steps * step_scale)))
+
+    def reshard(self) -> None:
+        """Continue a checkpoint taken on another number of ranks, as the same training in
+        samples: the epoch goes on with the samples not yet read (the sampler deals them out to
+        this world size); the step count, train.max_steps and the warmup are converted to this
+        world size's global batch (loader.batch_size per rank, so the global batch changes), so
+        the learning-rate curve continues where it was. The LR itself is not rescaled for the
+        new global batch; that stays the config's choice."""
+        position, world = self.position, self.dist.world_size
+        saved_world, started = position.world_size, position.started_world_size or world
+        old_step = position.step
+        position.step = round(old_step * saved_world / world)
+        position.world_size = world
+        position.started_world_size = started
+        step_scale = started / world
+        # The epochs end after the rest of this one, dealt out to this world size, and the
+        # epochs after it at this world size's steps per epoch.
+        self.sampler.set_epoch(position.epoch, consumed=position.epoch_samples)
+        rest_of_epoch = len(self.sampler) // self.batch_size
+        later_epochs = self.train_cfg.epochs - position.epoch - 1
+        epochs_steps = position.step + rest_of_epoch + later_epochs * self.steps_per_epoch
+        self.total_steps = self.steps_in_run(step_scale, epochs_steps)
+        warmup = round(self.config.optim.warmup_steps * step_scale)
+        self.backend.reschedule(position.step, self.total_steps, warmup)
+        log.warning(
+            "resuming a checkpoint of %d rank(s) on %d: global batch %d -> %d, step %d -> %d of "
+            "%d (the same samples seen and learning-rate progress); the epoch's %d samples read "
+            "so far are not read again. The learning rate is not rescaled for the new batch.",
+            saved_world,
+            world,
+            self.batch_size * saved_world,
+            self.batch_size * world,
+            old_step,
+            position.step,
+            self.total_steps,
+            position.epoch_samples,
+        )
 
     def end_epoch(self) -> None:
         """The epoch's record (bad samples by kind); then, while the run goes on, the epoch's
@@ -170,6 +227,7 @@ class Run:
 
     def evaluate(self) -> None:
         if self.val_loader is not None:
+            self.backend.sync_buffers()  # every rank evaluates the checkpoint's model
             self.last_eval = evaluate(self.backend, self.val_loader, self.config.task)
             position = self.position
             record = {"type": "eval", "step": position.step, "epoch": position.epoch}

@@ -139,6 +139,12 @@ class Backend(abc.ABC):
         blank for OCR."""
 
     @abc.abstractmethod
+    def reschedule(self, step: int, total_steps: int, warmup_steps: int) -> None:
+        """Replace the LR schedule built by build() (after load_state on a resume) with one of
+        total_steps and warmup_steps, standing at ``step``: a resume on another number of ranks
+        counts steps of another global batch (train/loop.py, Run.reshard)."""
+
+    @abc.abstractmethod
     def train_step(self, batch: dict[str, Any]) -> Any:
         """Forward, loss, backward, clip, optimizer and LR-schedule step. Returns the loss as a
         framework scalar without synchronizing the device."""
@@ -185,6 +191,14 @@ class Backend(abc.ABC):
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Sum a small float64 array over ranks (identity when world size is 1)."""
         return values
+
+    @abc.abstractmethod
+    def sync_buffers(self) -> None:
+        """Make every rank's untrained model state (BatchNorm running statistics) rank 0's,
+        which the checkpoint holds. Gradients keep the weights equal across ranks; the running
+        statistics follow each rank's own batches (Paddle's DataParallel never syncs them,
+        torch's DDP broadcasts rank 0's before each forward and each rank then adds its batch),
+        so without this the ranks would each evaluate a different model. No-op on one rank."""
 
     def barrier(self) -> None:  # noqa: B027  (single-process default: nothing to wait for)
         return None

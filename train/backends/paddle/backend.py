@@ -203,6 +203,7 @@ class PaddleBackend(Backend):
             )
             self.model = paddle.DataParallel(self.net) if self.dist.world_size > 1 else self.net
             factor = lr_factor(optim.schedule, optim.warmup_steps, total_steps)
+            self.schedule_name = optim.schedule
             self.scheduler = paddle.optimizer.lr.LambdaDecay(optim.lr, factor)
             self.optimizer = _make_optimizer(self.net, optim, self.scheduler)
         self._trainable = [p for p in self.net.parameters() if p.trainable]
@@ -233,6 +234,13 @@ class PaddleBackend(Backend):
         else:
             self.model.eval()
         self._training_mode = training
+
+    def reschedule(self, step: int, total_steps: int, warmup_steps: int) -> None:
+        # LambdaDecay's lr after n steps: base_lr * lr_lambda(n), with last_epoch = n; the
+        # optimizer reads last_lr.
+        self.scheduler.lr_lambda = lr_factor(self.schedule_name, warmup_steps, total_steps)
+        self.scheduler.last_epoch = step
+        self.scheduler.last_lr = self.scheduler.get_lr()
 
     def train_step(self, batch: dict[str, Any]) -> paddle.Tensor:
         self._set_training(True)
@@ -350,6 +358,14 @@ class PaddleBackend(Backend):
         tensor = paddle.to_tensor(np.asarray(values, dtype=np.float64), place=self.place)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor.numpy()
+
+    def sync_buffers(self) -> None:
+        if self.dist.world_size > 1:
+            # Paddle keeps BatchNorm's running statistics as untrained parameters. The state
+            # dict, not buffers(): the LSTM's scratch dropout state has no place to send from.
+            for tensor in self.net.state_dict().values():
+                if not getattr(tensor, "trainable", False):
+                    dist.broadcast(tensor, src=0)
 
     def barrier(self) -> None:
         if self.dist.world_size > 1:

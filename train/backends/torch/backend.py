@@ -223,6 +223,7 @@ class TorchBackend(Backend):
                 net, device_ids=device_ids, gradient_as_bucket_view=True
             )
         self.optimizer = _make_optimizer(net, optim)
+        self.schedule_name = optim.schedule
         self.scheduler = LambdaLR(
             self.optimizer, lr_factor(optim.schedule, optim.warmup_steps, total_steps)
         )
@@ -242,6 +243,16 @@ class TorchBackend(Backend):
         if self._training_mode != training:  # train()/eval() walk every module: only on change
             self.model.train(training)
             self._training_mode = training
+
+    def reschedule(self, step: int, total_steps: int, warmup_steps: int) -> None:
+        factor = lr_factor(self.schedule_name, warmup_steps, total_steps)
+        scheduler = self.scheduler
+        scheduler.lr_lambdas = [factor] * len(self.optimizer.param_groups)
+        # LambdaLR's lr after n steps: base_lr * factor(n), with last_epoch = n.
+        scheduler.last_epoch = step
+        scheduler._last_lr = [base * factor(step) for base in scheduler.base_lrs]
+        for group, lr in zip(self.optimizer.param_groups, scheduler._last_lr, strict=True):
+            group["lr"] = lr
 
     def train_step(self, batch: dict[str, Any]) -> torch.Tensor:
         self._set_training(True)
@@ -330,6 +341,11 @@ class TorchBackend(Backend):
         tensor = torch.as_tensor(np.asarray(values, dtype=np.float64), device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor.cpu().numpy()
+
+    def sync_buffers(self) -> None:
+        if self.dist.world_size > 1:
+            for buffer in self.net.buffers():
+                dist.broadcast(buffer, src=0)
 
     def barrier(self) -> None:
         if self.dist.world_size > 1:
