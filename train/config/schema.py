@@ -81,6 +81,9 @@ class LoaderConfig:
     # false: a plain copy per batch on the compute stream (Paddle's loader always stages ahead)
     device_prefetch: bool = True
     use_shared_memory: bool = True  # paddle: workers hand batches over through /dev/shm
+    # paddle, with use_shared_memory: workers write each batch once into a /dev/shm ring the
+    # trainer owns; false: Paddle's own hand-over (two copies per batch in the worker)
+    batch_ring: bool = True
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None  # None: default
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever
     drop_last: bool = True  # training drops the last partial batch (evaluation never does)

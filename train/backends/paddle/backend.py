@@ -156,6 +156,7 @@ class PaddleBackend(Backend):
             sampler,
             common.LoaderKnobs.of(loader_config, num_workers, train),
             use_shared_memory=loader_config.use_shared_memory,
+            batch_ring=loader_config.batch_ring,
             places=self.place,
         )
 
