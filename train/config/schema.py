@@ -130,6 +130,9 @@ class TrainConfig:
     eval_every: PositiveInt | None = None  # steps; None: once per epoch
     amp: Literal["none", "fp16", "bf16"] = "none"  # mixed precision, on a GPU only
     profile: bool = False  # profiler ranges (NVTX / paddle.profiler) around the step's parts
+    # Compile the model for training: torch.compile (torch), paddle.jit.to_static (Paddle).
+    # Off by default: the first steps pay the compile time (docs/compile.md has the figures).
+    compile: bool = False
     device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: a GPU when there is one
     checkpoint_every: PositiveInt | None = None  # steps; None: at the end of each epoch
     keep_last: PositiveInt = 3  # checkpoints kept
