@@ -139,7 +139,11 @@ def stall(runner, preset: dict, data: dict, framework: str, speeds: dict, log) -
     delivered = speeds.get(str(cores)) or 1.0
     step = round(max(preset["stall_step_s"], base["batch_size"] / (0.7 * delivered)), 3)
     # No memory sampling here: reading /proc/*/smaps would add to the step, not to the wait.
-    base = {**base, "step_s": step, "batches": preset["stall_batches"], "memory_every_s": 0}
+    batches = preset["stall_batches"]
+    # The throughput warm-up can be as long as the whole stall trial (quick OCR: 8 of 8), which
+    # left no steady part to measure: warm up for half the trial at most.
+    warmup = min(base.get("warmup", 2), batches // 2)
+    base = {**base, "step_s": step, "batches": batches, "warmup": warmup, "memory_every_s": 0}
     arms = [
         (f"ours_w{cores}", ours, {**base, "workers": cores, **RECOMMENDED}),
         (f"peer_w{cores}", peer, {**base, "workers": cores, **RECOMMENDED}),
