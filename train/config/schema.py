@@ -131,7 +131,8 @@ class TrainConfig:
     amp: Literal["none", "fp16", "bf16"] = "none"  # mixed precision, on a GPU only
     profile: bool = False  # profiler ranges (NVTX / paddle.profiler) around the step's parts
     # Compile the model for training: torch.compile (torch), paddle.jit.to_static (Paddle).
-    # Off by default: the first steps pay the compile time (docs/compile.md has the figures).
+    # Off by default: the first step pays the compile time, and on CPU it was slower
+    # (docs/benchmarks.md, train.compile).
     compile: bool = False
     device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: a GPU when there is one
     checkpoint_every: PositiveInt | None = None  # steps; None: at the end of each epoch
