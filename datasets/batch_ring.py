@@ -192,6 +192,12 @@ class BatchRing:
         layout, offset = [], 0
         for key, value in first.items():
             value = np.asarray(value)
+            if value.dtype.hasobject:
+                raise TypeError(
+                    f"the batch ring carries arrays of numbers, but sample field {key!r} is "
+                    f"{value.dtype} ({type(first[key]).__name__}): return numeric arrays from "
+                    "the dataset, or set loader.batch_ring: false"
+                )
             shape = [len(samples), *value.shape]
             layout.append((key, value.dtype.str, shape, offset))
             offset += -(-value.dtype.itemsize * int(np.prod(shape)) // _ALIGN) * _ALIGN

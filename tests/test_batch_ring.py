@@ -95,6 +95,12 @@ def test_a_worker_waits_for_its_slot_and_drops_a_batch_of_an_ended_epoch(ring):
     stuck.join(30)
 
 
+def test_a_field_that_is_not_numbers_is_a_clear_error(ring):
+    generation = ring.start_generation()
+    with pytest.raises(TypeError, match="sample field 'text' is object .*loader.batch_ring: false"):
+        ring.write(RingTicket(generation, 0), [{"text": np.array(["a", 1], dtype=object)}])
+
+
 def test_slots_grow_to_the_batch_and_shrink_between_epochs(ring):
     generation = ring.start_generation()
     ring.write(RingTicket(generation, 0), _samples(5, 1))
