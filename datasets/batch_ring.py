@@ -32,6 +32,7 @@ import mmap
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +136,7 @@ class BatchRing:
         self._state()[0] = self.generation
 
     def take(self, generation: int, seq: int, slot: int) -> dict[str, np.ndarray]:
-        """Read-only views of the batch in ``slot`` (valid until :meth:`release`)."""
+        """Views of the batch in ``slot`` (valid until :meth:`release`; copy, do not write)."""
         expected_slot = seq % self.slots
         if generation != self.generation or seq != self.released or slot != expected_slot:
             raise RuntimeError(
@@ -154,9 +155,7 @@ class BatchRing:
         for key, dtype, shape, offset in layout:
             count = int(np.prod(shape))
             array = np.frombuffer(mapped, dtype=dtype, count=count, offset=_HEADER + offset)
-            array = array.reshape(shape)
-            array.flags.writeable = False
-            views[key] = array
+            views[key] = array.reshape(shape)
         return views
 
     def release(self) -> None:
@@ -228,3 +227,54 @@ class BatchRing:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["base"], state["slots"])
+
+
+# ---------------------------------------------------------------------- loader glue
+# What a framework's DataLoader needs to use the ring, framework-free: a batch sampler that puts
+# a ticket in front of each batch's indices (the dataset wrapper passes it through), and a
+# collate function that writes the batch into the ticket's slot and returns only the ticket.
+RING_KEY = "batch_ring_ticket"
+
+
+class RingBatches:
+    """A batch sampler with a RingTicket (generation, batch number) in front of each batch's
+    sample indices, so the worker knows which slot the batch goes to."""
+
+    def __init__(self, batches, ring: BatchRing) -> None:
+        self.batches = batches
+        self.ring = ring
+
+    @property
+    def sampler(self):
+        return self.batches.sampler
+
+    def __iter__(self) -> Iterator[list]:
+        generation = self.ring.generation  # read here: loaders start the sampler late
+        for seq, indices in enumerate(self.batches):
+            yield [RingTicket(generation, seq), *indices]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class RingCollate:
+    """In a worker: stack the samples into the ticket's slot (the hand-over's one copy) and
+    return only [generation, batch number, slot] (slot -1: dropped, its epoch was ended)."""
+
+    def __init__(self, ring: BatchRing) -> None:
+        self.ring = ring
+
+    def __call__(self, samples: list) -> dict[str, np.ndarray]:
+        ticket, samples = samples[0], samples[1:]
+        try:
+            slot = self.ring.write(ticket, samples)
+        except StaleBatch:
+            slot = -1
+        return {RING_KEY: np.array([ticket.generation, ticket.seq, slot], dtype=np.int64)}
+
+
+def ticket_of(batch) -> tuple[int, int, int]:
+    """(generation, batch number, slot) of what RingCollate returned, after the framework's
+    queue turned its array into a tensor."""
+    generation, seq, slot = (int(x) for x in np.asarray(batch[RING_KEY]).reshape(-1))
+    return generation, seq, slot

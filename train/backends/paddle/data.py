@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import cv2
-import numpy as np
 import paddle
 
-from datasets.batch_ring import BatchRing, RingTicket, StaleBatch
+from datasets.batch_ring import BatchRing, RingBatches, RingCollate, RingTicket, ticket_of
 from datasets.sampler import EpochBatchSampler, EpochSampler
-from train.backends.common import LoaderKnobs, stack_samples
+from train.backends.common import LoaderKnobs, ring_slots, stack_samples
 from train.backends.paddle.compat import (
     check_zlib_load_order,
     closing_pipes,
@@ -40,52 +39,12 @@ class PaddleDataset(paddle.io.Dataset):
         self.dataset = dataset
 
     def __getitem__(self, item):
-        if isinstance(item, RingTicket):  # not a sample: passed on to _RingCollate
+        if isinstance(item, RingTicket):  # not a sample: passed on to RingCollate
             return item
         return self.dataset[item]
 
     def __len__(self) -> int:
         return len(self.dataset)
-
-
-RING_KEY = "batch_ring_ticket"
-
-
-class _RingBatches:
-    """The batch sampler with a RingTicket (generation, batch number) in front of each
-    batch's sample indices, so the worker knows which ring slot the batch goes to."""
-
-    def __init__(self, batches: EpochBatchSampler, ring: BatchRing) -> None:
-        self.batches = batches
-        self.ring = ring
-
-    @property
-    def sampler(self) -> EpochSampler:
-        return self.batches.sampler
-
-    def __iter__(self) -> Iterator[list]:
-        generation = self.ring.generation  # read here: Paddle starts the epoch's sampler late
-        for seq, indices in enumerate(self.batches):
-            yield [RingTicket(generation, seq), *indices]
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
-class _RingCollate:
-    """In a worker: stack the samples into the ticket's ring slot (the hand-over's one copy)
-    and return only [generation, batch number, slot] (-1: dropped, its epoch was ended)."""
-
-    def __init__(self, ring: BatchRing) -> None:
-        self.ring = ring
-
-    def __call__(self, samples: list) -> dict[str, np.ndarray]:
-        ticket, samples = samples[0], samples[1:]
-        try:
-            slot = self.ring.write(ticket, samples)
-        except StaleBatch:
-            slot = -1
-        return {RING_KEY: np.array([ticket.generation, ticket.seq, slot], dtype=np.int64)}
 
 
 def _worker_init(worker_id: int) -> None:
@@ -137,7 +96,7 @@ class PaddleLoader:
     @property
     def batch_sampler(self) -> EpochBatchSampler:
         batches = self.loader.batch_sampler
-        return batches.batches if isinstance(batches, _RingBatches) else batches
+        return batches.batches if isinstance(batches, RingBatches) else batches
 
     @property
     def sampler(self) -> EpochSampler:
@@ -174,8 +133,7 @@ class PaddleLoader:
     def _from_ring(self, tickets: Iterator) -> Iterator[dict[str, Any]]:
         try:
             for ticket in tickets:
-                generation, seq, slot = (int(x) for x in np.asarray(ticket[RING_KEY]))
-                views = self.ring.take(generation, seq, slot)
+                views = self.ring.take(*ticket_of(ticket))
                 batch = {
                     key: paddle.to_tensor(view, place=self.place) for key, view in views.items()
                 }
@@ -188,12 +146,6 @@ class PaddleLoader:
                 close()  # the epoch's workers stop (unless persistent)
             if not self.loader._persistent_workers:
                 self.ring.shrink()
-
-
-def ring_slots(knobs: LoaderKnobs) -> int:
-    """The batches in flight that train.preflight's /dev/shm plan counts for one loader:
-    prefetch_factor per worker, and 2 held by the trainer."""
-    return (knobs.prefetch_factor or 2) * knobs.num_workers + 2
 
 
 def make_loader(
@@ -220,7 +172,7 @@ def make_loader(
     ring = None
     if workers and use_shared_memory and batch_ring:
         ring = BatchRing.create(ring_slots(knobs))
-        batches, collate = _RingBatches(batches, ring), _RingCollate(ring)
+        batches, collate = RingBatches(batches, ring), RingCollate(ring)
         use_shared_memory = False  # Paddle's queue carries 3 numbers per batch: a pipe will do
     place = places[0] if isinstance(places, (list, tuple)) else places
     loader = paddle.io.DataLoader(
