@@ -170,11 +170,14 @@ def make_loader(
     batches = EpochBatchSampler(sampler, knobs.batch_size, knobs.drop_last)
     collate = stack_samples
     ring = None
+    place = places[0] if isinstance(places, (list, tuple)) else places
     if workers and use_shared_memory and batch_ring:
         ring = BatchRing.create(ring_slots(knobs))
         batches, collate = RingBatches(batches, ring), RingCollate(ring)
         use_shared_memory = False  # Paddle's queue carries 3 numbers per batch: a pipe will do
-    place = places[0] if isinstance(places, (list, tuple)) else places
+        # The tickets stay on the host (reading one on a GPU would sync each batch); the
+        # ring's copy (PaddleLoader._from_ring) goes to ``place`` itself.
+        places = paddle.CPUPlace()
     loader = paddle.io.DataLoader(
         PaddleDataset(dataset),
         places=places,
