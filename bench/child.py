@@ -21,6 +21,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import handover  # noqa: E402
 from bench.pipelines import BUILDERS, batch_nbytes, image_dtype  # noqa: E402
 
 MB = 2**20
@@ -77,7 +78,7 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
     last_sample = float("-inf")
     start = time.perf_counter()
     iterator = pipeline.epoch(epoch)
-    waits, stamps, nbytes, dtype = [], [], 0, ""
+    waits, stamps, nbytes, dtype, first = [], [], 0, "", None
     while limit is None or len(stamps) < limit:
         before = time.perf_counter()
         try:
@@ -89,6 +90,7 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
         stamps.append(now)
         if len(stamps) == 1:
             nbytes, dtype = batch_nbytes(batch), image_dtype(batch)
+            first = handover.as_numpy(batch) if spec.get("handover", True) else None
         if sample_every_s and now - last_sample >= sample_every_s:
             memory.sample()
             last_sample = now
@@ -96,7 +98,14 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
         if step_s:
             time.sleep(step_s)  # the simulated train step; the loader keeps working meanwhile
     del iterator  # a non-persistent loader shuts its workers down here
-    return {"start": start, "waits": waits, "stamps": stamps, "bytes": nbytes, "dtype": dtype}
+    return {
+        "start": start,
+        "waits": waits,
+        "stamps": stamps,
+        "bytes": nbytes,
+        "dtype": dtype,
+        "first": first,
+    }
 
 
 def summarize(epochs: list[dict], spec: dict) -> dict:
@@ -130,7 +139,21 @@ def run_trial(spec: dict) -> dict:
         memory.sample()
     finally:
         pipeline.close()
-    return {**summarize(epochs, spec), **memory.summary(), "build_s": round(build_s, 4)}
+    result = {**summarize(epochs, spec), **memory.summary(), "build_s": round(build_s, 4)}
+    return {**result, **handover_figures(pipeline, epochs[0]["first"], spec, result)}
+
+
+def handover_figures(pipeline, batch, spec: dict, result: dict) -> dict:
+    """Copies per batch and the hand-over's share of a worker's time (bench/handover.py),
+    measured after the trial on its first batch, so the trial's timing does not include it."""
+    if pipeline.handover is None or batch is None:
+        return {}
+    figures = handover.measure(pipeline.handover, batch)
+    if result.get("samples_per_s"):
+        figures["handover_share"] = handover.share_of_worker_time(
+            figures["handover_ms"], spec["workers"], spec["batch_size"], result["samples_per_s"]
+        )
+    return figures
 
 
 def main() -> None:

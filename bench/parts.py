@@ -139,7 +139,11 @@ def stall(runner, preset: dict, data: dict, framework: str, speeds: dict, log) -
     delivered = speeds.get(str(cores)) or 1.0
     step = round(max(preset["stall_step_s"], base["batch_size"] / (0.7 * delivered)), 3)
     # No memory sampling here: reading /proc/*/smaps would add to the step, not to the wait.
-    base = {**base, "step_s": step, "batches": preset["stall_batches"], "memory_every_s": 0}
+    batches = preset["stall_batches"]
+    # The throughput warm-up can be as long as the whole stall trial (quick OCR: 8 of 8), which
+    # left no steady part to measure: warm up for half the trial at most.
+    warmup = min(base.get("warmup", 2), batches // 2)
+    base = {**base, "step_s": step, "batches": batches, "warmup": warmup, "memory_every_s": 0}
     arms = [
         (f"ours_w{cores}", ours, {**base, "workers": cores, **RECOMMENDED}),
         (f"peer_w{cores}", peer, {**base, "workers": cores, **RECOMMENDED}),
@@ -169,11 +173,16 @@ def knob_matrix(runner, preset: dict, data: dict, framework: str, log) -> list[d
     for workers in [w for w in preset["workers"] if w > 0]:
         for prefetch in preset["knob_prefetch"]:
             for persistent in (False, True):
-                for value in (False, True):
+                # paddle with shared memory: our batch ring, and Paddle's own hand-over
+                variants = [{flag: False}, {flag: True}]
+                if flag == "shm":
+                    variants.insert(1, {flag: True, "ring": False})
+                for variant in variants:
                     life = "pers" if persistent else "fresh"
-                    label = f"w{workers}_p{prefetch}_{life}_{flag}{int(value)}"
+                    label = f"w{workers}_p{prefetch}_{life}_{flag}{int(variant[flag])}"
+                    label += "_ring0" if variant.get("ring") is False else ""
                     spec = {"workers": workers, "prefetch": prefetch, "persistent": persistent}
-                    arms.append((label, pipeline, {**base, **spec, flag: value}))
+                    arms.append((label, pipeline, {**base, **spec, **variant}))
     log(f"knob matrix ({framework}): {len(arms)} configs")
     trials = interleaved(runner, arms, preset["knob_reps"], log)
     rows = []
@@ -194,6 +203,8 @@ def knob_matrix(runner, preset: dict, data: dict, framework: str, log) -> list[d
                 "peak_worker_rss_mb": summary["peak_worker_rss_mb"],
                 "peak_worker_uss_mb": summary["peak_worker_uss_mb"],
                 "first_batch_s": (summary.get("first_batch_s") or [None])[0],
+                "copies_per_batch": summary.get("copies_per_batch"),
+                "handover_share": summary.get("handover_share"),
             }
         )
     return rows

@@ -27,6 +27,9 @@ MAX_TEXT_LENGTH = 25
 class Pipeline:
     epoch: Callable[[int], Iterator]
     close: Callable[[], None] = lambda: None
+    handover: str | None = (
+        None  # how workers hand a batch over (bench/handover.py); None: 0 workers
+    )
 
 
 def _loader_knobs(spec: dict) -> dict:
@@ -90,7 +93,7 @@ def _torch_ours(spec: dict, decode_only: bool = False) -> Pipeline:
         sampler.set_epoch(e)
         return iter(loader)
 
-    return Pipeline(epoch, dataset.close)
+    return Pipeline(epoch, dataset.close, "torch_shm" if knobs.num_workers else None)
 
 
 def _torchvision_ref(spec: dict) -> Pipeline:
@@ -116,7 +119,8 @@ def _torchvision_ref(spec: dict) -> Pipeline:
         drop_last=True,
         **_loader_knobs(spec),
     )
-    return Pipeline(lambda e: iter(loader))
+    handover = "torch_shared_collate" if spec["workers"] else None
+    return Pipeline(lambda e: iter(loader), handover=handover)
 
 
 def _paddle_ours_ocr(spec: dict) -> Pipeline:
@@ -137,13 +141,24 @@ def _paddle_ours_ocr(spec: dict) -> Pipeline:
     )
     sampler = EpochSampler(epoch_length(spec, len(dataset)), shuffle=True, seed=0)
     knobs = LoaderKnobs(batch_size=spec["batch_size"], drop_last=True, **_loader_knobs(spec))
-    loader = make_loader(dataset, sampler, knobs, use_shared_memory=spec.get("shm", True))
+    loader = make_loader(
+        dataset,
+        sampler,
+        knobs,
+        use_shared_memory=spec.get("shm", True),
+        batch_ring=spec.get("ring", True),
+    )
 
     def epoch(e: int) -> Iterator:
         sampler.set_epoch(e)
         return iter(loader)
 
-    return Pipeline(epoch, dataset.close)
+    handover = None
+    if knobs.num_workers:
+        handover = (
+            "ring" if loader.ring else "paddle_shm" if spec.get("shm", True) else "paddle_pipe"
+        )
+    return Pipeline(epoch, dataset.close, handover)
 
 
 def _repeated(dataset, spec: dict):
@@ -213,7 +228,10 @@ def _paddleocr_peer(spec: dict) -> Pipeline:
             if not getattr(iterator, "_shutdown", True):
                 iterator._try_shutdown_all()
 
-    return Pipeline(epoch)
+    handover = (
+        ("paddle_shm" if spec.get("shm", True) else "paddle_pipe") if spec["workers"] else None
+    )
+    return Pipeline(epoch, handover=handover)
 
 
 BUILDERS: dict[str, Callable[[dict], Pipeline]] = {

@@ -44,6 +44,31 @@ def throughput_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def handover_table(results: dict) -> str:
+    """Per arm and worker count: copies of a batch after the stack, the worker's ms to stack and
+    hand over one batch, and that time's share of a worker's time per batch (bench/handover.py)."""
+    rows = []
+    for task, arm in ARMS:
+        detail = results.get(task, {}).get(arm, {}).get("detail", {})
+        for workers, row in sorted(detail.items(), key=lambda item: int(item[0])):
+            if row.get("copies_per_batch") is None:
+                continue
+            share = row.get("handover_share")
+            rows.append(
+                f"| {task}.{arm} | {workers} | {row['copies_per_batch']:g} "
+                f"| {_fmt(row.get('handover_ms'), 2)} "
+                f"| {'-' if share is None else f'{100 * share:.1f}%'} |"
+            )
+    if not rows:
+        return ""
+    header = [
+        "| hand-over | workers | copies per batch | stack + hand-over ms/batch "
+        "| share of worker time |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    return "\n".join(header + rows)
+
+
 def knob_table(rows: list[dict]) -> str:
     lines = [
         "| framework | config | samples/s | shm estimate MB | shm measured MB "
@@ -63,6 +88,9 @@ def knob_table(rows: list[dict]) -> str:
 
 def markdown(results: dict) -> str:
     parts = [f"# Loader benchmark: {results.get('name')}", "", throughput_table(results)]
+    handovers = handover_table(results)
+    if handovers:
+        parts += ["", handovers]
     if results.get("ipc"):
         parts += ["", "| IPC bytes per batch | ours | peer | ratio |", "|---|---:|---:|---:|"]
         for task, row in results["ipc"].items():

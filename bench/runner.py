@@ -134,6 +134,9 @@ def aggregate(trials: list[dict]) -> dict:
         "main_rss_mb",
         "shm_peak_delta_bytes",
         "build_s",
+        "copies_per_batch",
+        "handover_ms",
+        "handover_share",
     ):
         out[key] = median_of(good, key)
     out["samples_per_s_all"] = [t.get("samples_per_s") for t in good]

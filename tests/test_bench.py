@@ -36,7 +36,7 @@ def _run_tiny(tmp_path: Path, framework: str) -> dict:
     return json.loads(out.read_text())
 
 
-def _check_arm(row: dict, workers: list[str]) -> None:
+def _check_arm(row: dict, workers: list[str], copies: int | None = None) -> None:
     assert sorted(row["samples_per_s"]) == workers
     for w in workers:
         assert row["samples_per_s"][w] > 0
@@ -44,6 +44,9 @@ def _check_arm(row: dict, workers: list[str]) -> None:
         assert detail["trials_ok"] == detail["trials"] >= 1
         for key in ("batch_bytes", "peak_worker_uss_mb", "shm_peak_delta_bytes", "first_batch_s"):
             assert key in detail
+        if w != "0" and copies is not None:  # the hand-over of worker batches (bench/handover.py)
+            assert detail["copies_per_batch"] == copies
+            assert detail["handover_ms"] > 0 and detail["handover_share"] > 0
 
 
 def _check_common(result: dict, framework: str) -> None:
@@ -59,8 +62,8 @@ def _check_common(result: dict, framework: str) -> None:
 def test_bench_tiny_torch(tmp_path):
     result = _run_tiny(tmp_path, "torch")
     _check_common(result, "torch")
-    for arm in ("ours", "torchvision_ref", "decode_only"):
-        _check_arm(result["resnet50"][arm], ["0", "1"])
+    for arm, copies in (("ours", 1), ("torchvision_ref", 0), ("decode_only", 1)):
+        _check_arm(result["resnet50"][arm], ["0", "1"], copies)
     assert set(result["resnet50"]["ratios"]) == {"ours_vs_torchvision_ref", "ours_vs_decode_only"}
     ipc = result["ipc"]["resnet50"]
     assert (ipc["ours_dtype"], ipc["peer_dtype"]) == ("uint8", "float32")
@@ -72,8 +75,8 @@ def test_bench_tiny_torch(tmp_path):
 def test_bench_tiny_paddle_and_merge(tmp_path):
     result = _run_tiny(tmp_path, "paddle")
     _check_common(result, "paddle")
-    for arm in ("ours", "paddleocr"):
-        _check_arm(result["ocr"][arm], ["0", "1"])
+    for arm, copies in (("ours", 1), ("paddleocr", 2)):  # our batch ring; Paddle's own
+        _check_arm(result["ocr"][arm], ["0", "1"], copies)
     assert result["ocr"]["png_probe"]["result"] in ("ok", "failed")
     assert result["ocr"]["records"] in ("jpeg+png", "jpeg-only")
     assert result["ipc"]["ocr"]["ours_dtype"] == "uint8"

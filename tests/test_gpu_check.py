@@ -63,6 +63,8 @@ CHECKS = [
     *(f"throughput.loader.w{n}" for n in (1, 2, 4, 8)),
     "prefetcher.on",
     "prefetcher.off",
+    "compile.paddle.ocr",
+    "compile.torch.resnet50",
 ]
 PADDLE_BUILD_KEYS = {
     "ran",
@@ -142,6 +144,15 @@ def test_dry_run_checks_say_what_they_measured(report):
     prefetcher = report["summary"]["prefetcher"]
     assert prefetcher["knob"] == "loader.device_prefetch"  # off: the same run with it false
     assert prefetcher["on"] > 0 and prefetcher["off"] > 0 and prefetcher["note"]
+    for name in ("compile.paddle.ocr", "compile.torch.resnet50"):
+        compiled = checks[name]
+        for leg in ("off", "on"):
+            assert compiled[leg]["steps"] >= 2 and compiled[leg]["step_s"] > 0, compiled
+        assert compiled["compile_s"] is not None and compiled["step_off_over_on"] > 0
+    # Paddle's to_static really runs on the CPU; torch's inductor compile would take minutes.
+    assert checks["compile.paddle.ocr"]["engaged"] is True
+    assert checks["compile.torch.resnet50"]["engaged"] is False
+    assert set(report["summary"]["compile"]) == {"paddle.ocr", "torch.resnet50"}
     memory = report["summary"]["peak_gpu_memory_mb"]
     assert set(memory) == {"torch", "paddle", "by_check"}
     assert memory["torch"] is None and memory["paddle"] is None  # no GPU in a dry-run

@@ -73,8 +73,9 @@ def test_policy_adapt_finishes_with_a_loud_warning(framework, tmp_path, ocr_lmdb
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tmp_path, image_h5):
-    """/dev/shm holds 50 MB that a killed Paddle run left behind. Without the sweep this run
-    (needs ~33 MB) would stop with exit 5. A young file and one of a live process stay."""
+    """/dev/shm holds 50 MB that a killed Paddle run left behind, and a batch ring slot (1 MB)
+    of a killed trainer. Without the sweep this run (needs ~33 MB) would stop with exit 5. A
+    young Paddle file and one of a live process stay."""
     finished = subprocess.Popen(["true"])
     finished.wait()
     dead = finished.pid
@@ -87,6 +88,7 @@ def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tm
             f"head -c 1M /dev/zero > /dev/shm/paddle_{dead}_8_12",  # young: may be in flight
             "head -c 1M /dev/zero > /dev/shm/paddle_1_9_13",  # pid 1 is alive
             "touch -d '1 hour ago' /dev/shm/paddle_1_9_13",
+            f"head -c 1M /dev/zero > /dev/shm/starved_ring_{dead}_0a1b2c3d_0",  # young, owner dead
         ]
     )
     inner = (
@@ -101,6 +103,6 @@ def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tm
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "removed 1 batch file(s), 50 MiB, left by Paddle processes" in result.stderr
+    assert "removed 2 batch file(s), 51 MiB, left by Paddle processes" in result.stderr
     left = result.stdout.split("LEFT:")[-1].split()
     assert sorted(left) == sorted([f"paddle_{dead}_8_12", "paddle_1_9_13"])

@@ -12,8 +12,12 @@ shm.policy "fail" stops with the fix; "adapt" lowers prefetch_factor, then num_w
 Paddle finally turns use_shared_memory off (pipes: slower, but no shm), with a loud warning that
 states the expected slowdown.
 
+Our Paddle loader's batch ring (datasets/batch_ring.py) has exactly the batches in flight of this
+plan as slots (prefetch_factor x num_workers + 2), so the plan counts it as it is.
+
 Before sizing, the trainer deletes the batch files that dead Paddle processes left in /dev/shm
-(:func:`remove_stale_batches`), which would otherwise fill it a little more at every crash.
+(:func:`remove_stale_batches`), Paddle's own and our rings', which would otherwise fill it a
+little more at every crash.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.batch_ring import RING_PREFIX
 from datasets.handles import process_alive
 from train import tasks
 
@@ -112,6 +117,9 @@ def shm_free_bytes(path: str = SHM_PATH) -> int:
 # the tmpfs goes, which on a host is never and in a Kubernetes pod outlives container restarts.
 # This host had 224 of them (315 MiB) after a day of test and benchmark runs.
 _PADDLE_BATCH_FILE = re.compile(r"paddle_(\d+)_\d+_\d+")
+# Our Paddle loader's batch ring (datasets/batch_ring.py): the files of one trainer process,
+# used only by it and its workers (which die with it), so stale as soon as that process is gone.
+_RING_FILE = re.compile(re.escape(RING_PREFIX) + r"(\d+)_[0-9a-f]+_(?:\d+|ctl)")
 STALE_AFTER_S = 600.0  # a live batch is taken within seconds; this leaves a wide margin
 
 
@@ -133,7 +141,8 @@ def stale_batches(
 ) -> StaleBatches:
     """Paddle batch files whose creator process is gone and that are older than
     ``older_than_s``: no process will ever take them. Both conditions, so that a batch in
-    flight (young) and Paddle's reusable shm-cache buffers (creator alive) are never listed."""
+    flight (young) and Paddle's reusable shm-cache buffers (creator alive) are never listed.
+    Batch-ring files are listed as soon as their trainer process is gone, whatever their age."""
     now = time.time() if now is None else now
     stale = StaleBatches({})
     try:
@@ -141,14 +150,16 @@ def stale_batches(
     except OSError:
         return stale
     for entry in entries:
-        match = _PADDLE_BATCH_FILE.fullmatch(entry.name)
+        ring = _RING_FILE.fullmatch(entry.name)
+        match = ring or _PADDLE_BATCH_FILE.fullmatch(entry.name)
         if not match:
             continue
         try:
             stat = entry.stat(follow_symlinks=False)
         except OSError:
             continue  # taken meanwhile
-        if now - stat.st_mtime >= older_than_s and not process_alive(int(match.group(1))):
+        old = ring or now - stat.st_mtime >= older_than_s
+        if old and not process_alive(int(match.group(1))):
             stale.sizes[Path(entry.path)] = stat.st_size
     return stale
 

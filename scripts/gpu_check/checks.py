@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
-from .commands import all_train_commands, amp_args, bench_args, bench_overrides, smoke_args
+from .commands import (
+    all_train_commands,
+    amp_args,
+    bench_args,
+    bench_overrides,
+    compile_args,
+    smoke_args,
+)
 from .context import Context, RunResult
 from .plan import DRY_PLAN, GPU_PLAN, Plan
 from .runs import (
@@ -274,3 +282,54 @@ PREFETCH_NOTE = (
     "with loader.device_prefetch=false, a plain copy per batch on the compute stream. On the CPU "
     "the prefetcher never runs, so both runs take the same path there."
 )
+
+
+def check_compile(ctx: Context, framework: str, task: str) -> dict:
+    """train.compile off, then on, the same run otherwise: the first step's time (which pays the
+    compile when on), the median of the later steps' (``batch_cost_s``, every step logged), and
+    whether the compiled run's config said so."""
+    plan = ctx.plan
+    env = plan.compile_env.get(framework)
+    figures: dict[str, dict] = {}
+    device = None
+    problems = []
+    for compiled in (False, True):
+        leg = "on" if compiled else "off"
+        name = f"compile.{framework}.{task}.{leg}"
+        args = compile_args(plan, ctx.work, framework, task, compiled)
+        run = ctx.train(name, framework, args, env=env if compiled else None)
+        if not run.ok:
+            return failed(run, leg=leg)
+        run_dir = ctx.work / "runs" / name
+        costs = [r["batch_cost_s"] for r in train_records(run_dir) if "batch_cost_s" in r]
+        device = run_device(train_log(run_dir)) or run.stats.get("device")
+        figures[leg] = {
+            "first_step_s": rounded(costs[0]) if costs else None,
+            "step_s": rounded(statistics.median(costs[1:])) if len(costs) > 1 else None,
+            "steps": len(costs),
+            "peak_mem_mb": peak(run),
+            "elapsed_s": round(run.elapsed_s, 1),
+        }
+        resolved = run_dir / "config.resolved.yaml"
+        said = resolved.read_text(encoding="utf-8") if resolved.is_file() else ""
+        if f"compile: {'true' if compiled else 'false'}" not in said:
+            problems.append(f"train.compile={compiled} did not reach the run ({resolved})")
+        if len(costs) < 2:
+            problems.append(f"{leg}: fewer than 2 steps logged")
+    off, on = figures["off"], figures["on"]
+    result = {
+        "device": device,
+        "engaged": not env,  # False: the dry-run's torch leg, with TORCHDYNAMO_DISABLE
+        "off": off,
+        "on": on,
+        "compile_s": rounded(on["first_step_s"] - off["first_step_s"])
+        if on["first_step_s"] is not None and off["first_step_s"] is not None
+        else None,
+        "step_off_over_on": rounded(off["step_s"] / on["step_s"], 3)
+        if on["step_s"] and off["step_s"]
+        else None,
+        "peak_mem_mb": on["peak_mem_mb"],
+    }
+    if not on_expected_device(plan, device):
+        problems.append(f"ran on {device}, expected {plan.device}")
+    return verdict(result, problems)

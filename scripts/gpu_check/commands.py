@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .plan import AMP_DTYPES, FRAMEWORKS, TASKS, WORKER_COUNTS, Plan
+from .plan import AMP_DTYPES, COMPILE_RUNS, FRAMEWORKS, TASKS, WORKER_COUNTS, Plan
 from .util import sets
 
 
@@ -104,6 +104,40 @@ def bench_args(plan: Plan, work: Path, name: str, workers: int, prefetch: bool =
     ]
 
 
+def compile_args(plan: Plan, work: Path, framework: str, task: str, compiled: bool) -> list[str]:
+    """A train.compile run, off or on: torch's single_gpu ResNet-50 as the loader runs use it
+    (widest worker count), Paddle's OCR smoke config; every step logged, so the first step's
+    time (the compile) and the later ones' can be told apart."""
+    name = f"compile.{framework}.{task}.{'on' if compiled else 'off'}"
+    steps = plan.compile_steps
+    common = [
+        f"train.compile={'true' if compiled else 'false'}",
+        f"train.max_steps={steps}",
+        "train.log_every=1",
+        f"train.checkpoint_every={steps}",
+    ]
+    if framework == "torch":
+        args = bench_args(plan, work, name, WORKER_COUNTS[-1])
+        return [*args, *sets(*common)]
+    overrides = [
+        f"framework={framework}",
+        f"train.device={plan.device}",
+        f"train.eval_every={steps}",
+        f"optim.warmup_steps={max(1, steps // 4)}",
+        *data_sets(work, task),
+        *plan.amp_sets[task],
+        *common,
+    ]
+    return [
+        "--config",
+        f"configs/{task}/smoke.yaml",
+        "--output-dir",
+        str(work / "runs" / name),
+        "--overwrite",
+        *sets(*overrides),
+    ]
+
+
 def all_train_commands(plan: Plan, work: Path) -> dict[str, list[str]]:
     """Every ``python -m train`` command line of ``plan``, by run name."""
     commands = {}
@@ -123,6 +157,10 @@ def all_train_commands(plan: Plan, work: Path) -> dict[str, list[str]]:
     commands["prefetcher.off"] = bench_args(
         plan, work, "prefetcher.off", WORKER_COUNTS[-1], prefetch=False
     )
+    for framework, task in COMPILE_RUNS:
+        for compiled in (False, True):
+            name = f"compile.{framework}.{task}.{'on' if compiled else 'off'}"
+            commands[name] = compile_args(plan, work, framework, task, compiled)
     commands["throughput.synthetic"] = [
         "--config",
         "configs/resnet50/single_gpu.yaml",

@@ -134,21 +134,25 @@ class Context:
         args: list[str],
         timeout_s: float | None = None,
         stats: bool = False,
+        env: dict[str, str] | None = None,
     ) -> RunResult:
-        """Run a helper command of this package (helpers.py) in ``framework``'s venv."""
+        """Run a helper command of this package (helpers.py) in ``framework``'s venv (plus
+        ``env``)."""
         python = self.python[framework]
         if python is None:
             raise RuntimeError(f"setup.{framework} failed: {self.setup_error.get(framework, '?')}")
         stats_path = self.work / "stats" / f"{name}.json"
         extra = ["--stats", str(stats_path)] if stats else []
         cmd = [python, str(PACKAGE), args[0], *extra, *args[1:]]
-        result = self.spawn(name, cmd, self.env[framework], timeout_s)
+        result = self.spawn(name, cmd, {**self.env[framework], **(env or {})}, timeout_s)
         result.stats = read_json(stats_path) if stats else marked(result.output)
         return result
 
-    def train(self, name: str, framework: str, train_args: list[str]) -> RunResult:
+    def train(
+        self, name: str, framework: str, train_args: list[str], env: dict[str, str] | None = None
+    ) -> RunResult:
         """``python -m train TRAIN_ARGS`` in the framework's venv, through ``_train``."""
-        return self.helper(name, framework, ["_train", "--", *train_args], stats=True)
+        return self.helper(name, framework, ["_train", "--", *train_args], stats=True, env=env)
 
 
 def child_env(env: dict[str, str] | None) -> dict[str, str]:

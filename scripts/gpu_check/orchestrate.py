@@ -10,6 +10,7 @@ import traceback
 
 from .checks import (
     check_amp,
+    check_compile,
     check_configs,
     check_data,
     check_loader,
@@ -17,7 +18,7 @@ from .checks import (
     check_synthetic,
 )
 from .context import Context, OutOfTime
-from .plan import AMP_DTYPES, FRAMEWORKS, TASKS, WORKER_COUNTS, check_names
+from .plan import AMP_DTYPES, COMPILE_RUNS, FRAMEWORKS, TASKS, WORKER_COUNTS, check_names
 from .report import host_facts
 from .setup import SetupError, setup_paddle, setup_torch
 from .util import say, tail
@@ -163,3 +164,7 @@ def run_phase_b(report: dict, ctx: Context) -> None:
     }
     off = run_check(report, ctx, "prefetcher.off", check_loader, WORKER_COUNTS[-1], True)
     off["engaged"] = False
+    for framework, task in COMPILE_RUNS:  # timed too: one at a time, last (the least needed)
+        name = f"compile.{framework}.{task}"
+        if ctx.python[framework]:
+            run_check(report, ctx, name, check_compile, framework, task)

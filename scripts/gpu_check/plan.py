@@ -15,6 +15,8 @@ TASKS = ("ocr", "resnet50")
 FRAMEWORKS = ("paddle", "torch")
 AMP_DTYPES = ("fp16", "bf16")
 WORKER_COUNTS = (1, 2, 4, 8)
+# train.compile, measured off and on: the Paddle OCR smoke config and torch's single_gpu ResNet-50
+COMPILE_RUNS = (("paddle", "ocr"), ("torch", "resnet50"))
 MARK = "GPU-CHECK "  # helpers print one line "GPU-CHECK {json}" among whatever a framework prints
 
 
@@ -27,7 +29,8 @@ def check_names() -> list[str]:
     ]
     names += ["throughput.synthetic"]
     names += [f"throughput.loader.w{n}" for n in WORKER_COUNTS]
-    return names + ["prefetcher.on", "prefetcher.off"]
+    names += ["prefetcher.on", "prefetcher.off"]
+    return names + [f"compile.{framework}.{task}" for framework, task in COMPILE_RUNS]
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ class Plan:
     bench_steps: int
     bench_log_every: int
     synthetic_steps: tuple[int, int]  # warm-up, timed
+    compile_steps: int  # each train.compile run (off, then on); every step logged
+    # Environment of the compiled runs, by framework. The dry-run's torch run sets
+    # TORCHDYNAMO_DISABLE: inductor on a 2-core CPU compiles for minutes, past the dry-run's
+    # budget; tests/test_compile.py runs the real compile on the CPU instead.
+    compile_env: dict[str, dict[str, str]]
 
     @property
     def device(self) -> str:
@@ -83,6 +91,8 @@ GPU_PLAN = Plan(
     bench_steps=32,
     bench_log_every=8,
     synthetic_steps=(8, 30),
+    compile_steps=32,
+    compile_env={},
 )
 _TINY = ("loader.batch_size=8", "optim.warmup_steps=1")
 _TINY_IMAGES = ("data.image_size=32", "data.eval_resize=36")
@@ -125,4 +135,6 @@ DRY_PLAN = Plan(
     bench_steps=4,
     bench_log_every=2,
     synthetic_steps=(1, 2),
+    compile_steps=4,
+    compile_env={"torch": {"TORCHDYNAMO_DISABLE": "1"}},
 )

@@ -102,6 +102,13 @@ def summarize(report: dict) -> None:
             "engaged": report["mode"] == "gpu",
             "note": PREFETCH_NOTE,
         },
+        "compile": {
+            name[len("compile.") :]: {
+                k: checks[name].get(k) for k in ("compile_s", "step_off_over_on", "engaged")
+            }
+            for name in checks
+            if name.startswith("compile.")
+        },
         "peak_gpu_memory_mb": _peak_memory(checks),
         "paddle_build": report["paddle_build"].get("ran"),
         "failed": [n for n, s in statuses.items() if s == "error"],

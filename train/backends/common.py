@@ -67,6 +67,13 @@ def stack_samples(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
     return {key: np.stack([sample[key] for sample in samples]) for key in samples[0]}
 
 
+def ring_slots(knobs: LoaderKnobs) -> int:
+    """Slots of a loader's batch ring (datasets/batch_ring.py): the batches in flight that
+    train.preflight's /dev/shm plan counts for one loader, prefetch_factor per worker and 2
+    held by the trainer."""
+    return (knobs.prefetch_factor or 2) * knobs.num_workers + 2
+
+
 @dataclass(frozen=True)
 class LoaderKnobs:
     """What both backends' make_loader take: the loader config for one loader (training or

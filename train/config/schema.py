@@ -81,6 +81,9 @@ class LoaderConfig:
     # false: a plain copy per batch on the compute stream (Paddle's loader always stages ahead)
     device_prefetch: bool = True
     use_shared_memory: bool = True  # paddle: workers hand batches over through /dev/shm
+    # paddle, with use_shared_memory: workers write each batch once into a /dev/shm ring the
+    # trainer owns; false: Paddle's own hand-over (two copies per batch in the worker)
+    batch_ring: bool = True
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None  # None: default
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever
     drop_last: bool = True  # training drops the last partial batch (evaluation never does)
@@ -127,6 +130,10 @@ class TrainConfig:
     eval_every: PositiveInt | None = None  # steps; None: once per epoch
     amp: Literal["none", "fp16", "bf16"] = "none"  # mixed precision, on a GPU only
     profile: bool = False  # profiler ranges (NVTX / paddle.profiler) around the step's parts
+    # Compile the model for training: torch.compile (torch), paddle.jit.to_static (Paddle).
+    # Off by default: the first step pays the compile time, and on CPU it was slower
+    # (docs/benchmarks.md, train.compile).
+    compile: bool = False
     device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: a GPU when there is one
     checkpoint_every: PositiveInt | None = None  # steps; None: at the end of each epoch
     keep_last: PositiveInt = 3  # checkpoints kept

@@ -156,6 +156,7 @@ class PaddleBackend(Backend):
             sampler,
             common.LoaderKnobs.of(loader_config, num_workers, train),
             use_shared_memory=loader_config.use_shared_memory,
+            batch_ring=loader_config.batch_ring,
             places=self.place,
         )
 
@@ -202,6 +203,10 @@ class PaddleBackend(Backend):
                 hidden_size=model.hidden_size,
             )
             self.model = paddle.DataParallel(self.net) if self.dist.world_size > 1 else self.net
+            if self.train.compile:
+                # Dynamic-to-static: the forward is traced into a static program at the first
+                # step. The Layer's parameters stay shared with self.net (predict, checkpoints).
+                self.model = paddle.jit.to_static(self.model, full_graph=True)
             factor = lr_factor(optim.schedule, optim.warmup_steps, total_steps)
             self.schedule_name = optim.schedule
             self.scheduler = paddle.optimizer.lr.LambdaDecay(optim.lr, factor)

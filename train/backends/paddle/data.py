@@ -1,7 +1,10 @@
 """paddle.io.DataLoader over the framework-free datasets.
 
-Batches stay uint8 numpy through worker IPC; with ``use_shared_memory`` Paddle moves them
-through /dev/shm (4x fewer bytes than float32), and the training step normalizes on the device.
+Batches stay uint8 numpy through worker IPC (4x fewer bytes than float32), and the training step
+normalizes on the device. With ``use_shared_memory`` and ``batch_ring`` (the defaults) workers
+stack each batch straight into a slot of a /dev/shm ring this process owns
+(datasets/batch_ring.py) and send only its number through Paddle's queue: one copy per batch,
+where Paddle's own shared-memory hand-over (``batch_ring`` off) makes two in the worker.
 Paddle's loader always uses the process-wide multiprocessing start method, so a spawn context is
 selected with ``multiprocessing.set_start_method`` before the loader is built. What works around
 Paddle 2.6 here (zlib, the epoch-start poll, leaked pipes, the timeout) is in compat.py.
@@ -10,14 +13,16 @@ Paddle 2.6 here (zlib, the epoch-start poll, leaked pipes, the timeout) is in co
 from __future__ import annotations
 
 import multiprocessing
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import cv2
 import paddle
 
+from datasets.batch_ring import BatchRing, RingBatches, RingCollate, RingTicket, ticket_of
 from datasets.sampler import EpochBatchSampler, EpochSampler
-from train.backends.common import LoaderKnobs, stack_samples
+from train.backends.common import LoaderKnobs, ring_slots, stack_samples
 from train.backends.paddle.compat import (
     check_zlib_load_order,
     closing_pipes,
@@ -34,6 +39,8 @@ class PaddleDataset(paddle.io.Dataset):
         self.dataset = dataset
 
     def __getitem__(self, item):
+        if isinstance(item, RingTicket):  # not a sample: passed on to RingCollate
+            return item
         return self.dataset[item]
 
     def __len__(self) -> int:
@@ -60,13 +67,36 @@ class PaddleLoader:
     """A paddle.io.DataLoader plus what Paddle lacks (compat.py): the zlib load-order checks,
     closed pipes after each epoch, and a real per-batch timeout (``timeout_s``)."""
 
-    def __init__(self, loader: paddle.io.DataLoader, timeout_s: float) -> None:
+    def __init__(
+        self,
+        loader: paddle.io.DataLoader,
+        timeout_s: float,
+        ring: BatchRing | None = None,
+        place: Any = None,
+    ) -> None:
         self.loader = loader
         self.timeout_s = timeout_s
+        self.ring = ring
+        self.place = place or paddle.CPUPlace()
+        if ring is not None:  # the files go with the loader, or at exit at the latest
+            self._unlink_ring = weakref.finalize(self, ring.unlink)
+
+    @property
+    def copies_per_batch(self) -> int:
+        """Copies of a collated batch's bytes on their way to the trainer's tensor: the ring
+        slot, copied once into the tensor; Paddle's own shared memory: into a LoDTensor, then
+        into a new /dev/shm file (worker.py, _reduce_lodtensor); pipes: pickled into the pipe
+        and unpickled (2), then made a tensor (1); no workers: made a tensor (1)."""
+        if not self.loader.num_workers:
+            return 1
+        if self.ring is not None:
+            return 1
+        return 2 if self.loader.use_shared_memory else 3
 
     @property
     def batch_sampler(self) -> EpochBatchSampler:
-        return self.loader.batch_sampler
+        batches = self.loader.batch_sampler
+        return batches.batches if isinstance(batches, RingBatches) else batches
 
     @property
     def sampler(self) -> EpochSampler:
@@ -76,6 +106,9 @@ class PaddleLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self._epoch()
+
+    def _batches(self) -> Iterator:
         check_zlib_load_order()  # fork workers inherit this process's bindings
         # In this thread: Paddle starts its workers here (once, with persistent workers).
         if self.loader.num_workers and _start_method() != "fork":
@@ -85,28 +118,72 @@ class PaddleLoader:
             batches = iter(self.loader)
         if self.loader.num_workers and not self.loader._persistent_workers:
             batches = closing_pipes(batches)
-        if self.loader.num_workers == 0 or self.timeout_s <= 0:
-            return batches
-        return with_deadline(batches, self.timeout_s)
+        if self.loader.num_workers and self.timeout_s > 0:
+            batches = with_deadline(batches, self.timeout_s)
+        return batches
+
+    def _epoch(self) -> Iterator:
+        if self.ring is None:
+            return self._batches()
+        # Before Paddle's iterator starts: a persistent worker still waiting for a slot with a
+        # batch of the last (abandoned) epoch drops it, so Paddle's reset can drain it.
+        self.ring.start_generation()
+        return self._from_ring(self._batches())
+
+    def _from_ring(self, tickets: Iterator) -> Iterator[dict[str, Any]]:
+        try:
+            for ticket in tickets:
+                views = self.ring.take(*ticket_of(ticket))
+                batch = {
+                    key: paddle.to_tensor(view, place=self.place) for key, view in views.items()
+                }
+                self.ring.release()  # copied: the slot is free for the batch seq + slots
+                yield batch
+        finally:
+            self.ring.end_generation()  # first: workers waiting for a slot let go
+            close = getattr(tickets, "close", None)
+            if close is not None:
+                close()  # the epoch's workers stop (unless persistent)
+            if not self.loader._persistent_workers:
+                self.ring.shrink()
 
 
 def make_loader(
-    dataset, sampler: EpochSampler, knobs: LoaderKnobs, *, use_shared_memory=True, places=None
+    dataset,
+    sampler: EpochSampler,
+    knobs: LoaderKnobs,
+    *,
+    use_shared_memory=True,
+    batch_ring=True,
+    places=None,
 ) -> PaddleLoader:
     """A paddle.io.DataLoader with every knob of ``knobs``, batching ``sampler`` by an
     EpochBatchSampler; ``places`` is the training device: on a GPU, Paddle's buffered reader
-    copies each batch there from pinned memory on its own stream, ahead of use."""
+    copies each batch there from pinned memory on its own stream, ahead of use (with the ring,
+    the ring's copy goes straight to the device instead). With workers, ``use_shared_memory``
+    and ``batch_ring``, batches come through a BatchRing of ring_slots(knobs) slots."""
     check_zlib_load_order()
     workers = knobs.num_workers > 0
     context = knobs.multiprocessing_context
     if workers and context and _start_method() != context:
         multiprocessing.set_start_method(context, force=True)
+    batches = EpochBatchSampler(sampler, knobs.batch_size, knobs.drop_last)
+    collate = stack_samples
+    ring = None
+    place = places[0] if isinstance(places, (list, tuple)) else places
+    if workers and use_shared_memory and batch_ring:
+        ring = BatchRing.create(ring_slots(knobs))
+        batches, collate = RingBatches(batches, ring), RingCollate(ring)
+        use_shared_memory = False  # Paddle's queue carries 3 numbers per batch: a pipe will do
+        # The tickets stay on the host (reading one on a GPU would sync each batch); the
+        # ring's copy (PaddleLoader._from_ring) goes to ``place`` itself.
+        places = paddle.CPUPlace()
     loader = paddle.io.DataLoader(
         PaddleDataset(dataset),
         places=places,
-        batch_sampler=EpochBatchSampler(sampler, knobs.batch_size, knobs.drop_last),
+        batch_sampler=batches,
         num_workers=knobs.num_workers,
-        collate_fn=stack_samples,
+        collate_fn=collate,
         use_buffer_reader=True,
         use_shared_memory=use_shared_memory,
         prefetch_factor=knobs.prefetch_factor or 2,
@@ -116,4 +193,4 @@ def make_loader(
         persistent_workers=knobs.persistent_workers and workers,
         return_list=True,
     )
-    return PaddleLoader(loader, knobs.timeout_s)
+    return PaddleLoader(loader, knobs.timeout_s, ring, place)

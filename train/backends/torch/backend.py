@@ -222,6 +222,11 @@ class TorchBackend(Backend):
             self.model = DistributedDataParallel(
                 net, device_ids=device_ids, gradient_as_bucket_view=True
             )
+        if self.train.compile:
+            # Compiled lazily, at the first training step. Only the training forward is
+            # compiled: predict() and checkpoints use the bare model (self.net), so checkpoints
+            # are the same files with or without it.
+            self.model = torch.compile(self.model)
         self.optimizer = _make_optimizer(net, optim)
         self.schedule_name = optim.schedule
         self.scheduler = LambdaLR(
