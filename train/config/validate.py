@@ -202,6 +202,9 @@ def _check_task(config: Config) -> str:
     data = config.data
     for key, problem, hint in task.problems(data):
         raise ConfigError(key, problem, hint)
+    model_problems = task.model(model_name).problems
+    for key, problem, hint in model_problems(data) if model_problems else ():
+        raise ConfigError(key, problem, hint)
     if not data.train.strip():
         raise ConfigError("data.train", "is empty", REQUIRED_HINTS["data.train"])
     for name in ("train", "val", "char_dict", "skip_keys_file"):

@@ -61,6 +61,7 @@ class PaddleBackend(Backend):
         self._names: Any = None
         self._training_mode: bool | None = None
         self._stats: tuple[paddle.Tensor, paddle.Tensor] | None = None  # pixel scale, shift
+        self._model_spec = None  # train/tasks.py's Model once built: its pixel contract
         self._head = HEADS[self.task.name]  # the task's loss and decoding
 
     # --- process ---------------------------------------------------------------------------
@@ -183,7 +184,9 @@ class PaddleBackend(Backend):
         # Transpose the uint8 batch: a quarter of the bytes of the float32 one.
         images = images.transpose([0, 3, 1, 2]).astype("float32")
         if self._stats is None:  # device constants, made once (not a host copy per batch)
-            self._stats = tuple(paddle.to_tensor(a) for a in self.task.pixel_scale_shift())
+            self._stats = tuple(
+                paddle.to_tensor(a) for a in self.task.pixel_scale_shift(self._model_spec)
+            )
         scale, shift = self._stats
         return images * scale + shift
 
@@ -194,6 +197,7 @@ class PaddleBackend(Backend):
         # Paddle's BatchNorm warns on every training forward that it tracks running statistics,
         # which it always did; the message says nothing to act on.
         warnings.filterwarnings("ignore", "When training, we now always track global mean")
+        self._model_spec, self._stats = self.task.model(model.name), None  # its normalization
         with self._own_names():
             self.net = build_model(
                 self.task.model(model.name),

@@ -54,6 +54,7 @@ class TorchBackend(Backend):
         self.amp_dtype: torch.dtype | None = None
         self._training_mode: bool | None = None
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None  # pixel scale, shift
+        self._model_spec = None  # train/tasks.py's Model once built: its pixel contract
         self._head = HEADS[self.task.name]  # the task's loss and decoding
 
     # --- process ---------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class TorchBackend(Backend):
         """Scale and shift as [1, C, 1, 1] device tensors, made once (not a host copy per
         batch)."""
         if self._stats is None:
-            scale, shift = self.task.pixel_scale_shift()
+            scale, shift = self.task.pixel_scale_shift(self._model_spec)
             self._stats = (
                 torch.from_numpy(scale).to(self.device),
                 torch.from_numpy(shift).to(self.device),
@@ -209,6 +210,7 @@ class TorchBackend(Backend):
         self, model, optim, input_shape: tuple[int, int, int], num_classes: int, total_steps: int
     ) -> None:
         spec = self.task.model(model.name)
+        self._model_spec, self._stats = spec, None  # the model's own normalization
         net = build_model(
             spec, num_classes, input_shape=input_shape, hidden_size=model.hidden_size
         ).to(self.device)

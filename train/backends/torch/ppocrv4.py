@@ -165,3 +165,17 @@ class PpocrV4Rec(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.neck(self.backbone(images)))
+
+
+def load_released(net: PpocrV4Rec, released) -> list[str]:
+    """Copy the released weights (train/ppocrv4_weights.py's Released) into ``net``; return
+    the report, one line per tensor. Raises WeightsError, ``net`` untouched, on a mismatch."""
+    from train.ppocrv4_weights import map_weights
+
+    state = net.state_dict()
+    targets = [(k, tuple(v.shape)) for k, v in state.items() if "num_batches_tracked" not in k]
+    weights, report = map_weights(released, targets, linear_transposed=True)
+    with torch.no_grad():
+        for key, array in weights.items():
+            state[key].copy_(torch.from_numpy(array))
+    return report
