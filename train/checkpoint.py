@@ -131,3 +131,24 @@ def restore(run_dir: Path, backend, config) -> Position:
     position = Position(**meta["position"])
     log.info("resumed from %s (epoch %d, step %d)", path, position.epoch, position.step)
     return position
+
+
+# ---------------------------------------------------------------- the run's best checkpoint
+BEST_DIR = "best"  # in the run directory, beside checkpoints/; keep_last never rotates it
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a rename, as the checkpoints' own files."""
+    _write_atomic(Path(path), text)
+
+
+def best(run_dir: Path) -> Path | None:
+    """The run's best checkpoint (``best/``) when there is a complete one."""
+    path = Path(run_dir) / BEST_DIR
+    return path if (path / "trainer.json").is_file() else None
+
+
+def best_or_latest(run_dir: Path) -> Path | None:
+    """What a run directory means as a source of weights: its best checkpoint, else its
+    latest."""
+    return best(run_dir) or latest(run_dir)

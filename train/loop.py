@@ -17,6 +17,7 @@ from datasets.sampler import EpochSampler
 from train import checkpoint, tasks
 from train.data import RunData
 from train.telemetry import Telemetry
+from train.weights import apply_init_from
 
 log = logging.getLogger("train")
 
@@ -94,6 +95,7 @@ class Run:
         self.position = (
             checkpoint.restore(run_dir, backend, config) if resume else checkpoint.Position()
         )
+        apply_init_from(config, backend, run_dir, resume, dist.is_main)  # model.init_from
 
         knobs = (
             f"workers={workers} prefetch={loader_cfg.prefetch_factor or 2} "
