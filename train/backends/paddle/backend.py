@@ -25,6 +25,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.utils import unique_name
 
+from train import weights
 from train.backends import common
 from train.backends.base import Backend, DeviceUnavailableError, DistInfo
 from train.backends.paddle import data as paddle_data
@@ -346,6 +347,27 @@ class PaddleBackend(Backend):
         kind, keys, position, has_gauss, cached = state["numpy_random"]
         np.random.set_state((kind, np.array(keys, np.uint32), position, has_gauss, cached))
         self.step, self.seed = int(state["step"]), int(state["seed"])
+
+    def init_weights_from(self, path: str | Path) -> weights.InitReport:
+        """model.init_from (after build): load the tensors of ``path`` whose names and shapes
+        are the model's; the rest keeps its fresh initialization. No optimizer state."""
+        source = weights.resolve_source(path)
+        if source.framework != "paddle":
+            raise weights.InitFromError(
+                f"model.init_from {source.path} was written by {source.framework}; this run "
+                "trains with paddle. HINT: use a paddle checkpoint or a .pdparams file"
+            )
+        if source.kind == "checkpoint":
+            state = _load_npz(source.path / MODEL_FILE)
+        else:
+            state = weights.read_pdparams(source.path)
+        arrays = {name: value for name, value in state.items() if isinstance(value, np.ndarray)}
+        report = weights.match(arrays, self.net.state_dict(), str(source.path))
+        report.unexpected += [name for name in state if name not in arrays]
+        with warnings.catch_warnings():  # one "Skip loading" per key the report names already
+            warnings.filterwarnings("ignore", "Skip loading for")
+            self.net.set_state_dict({name: arrays[name] for name in report.loaded})
+        return report
 
     # --- distributed and telemetry -----------------------------------------------------------
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
