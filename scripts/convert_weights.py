@@ -7,10 +7,11 @@ r"""Convert PaddleOCR's released PP-OCRv4 recognizer (ONNX) into this project's 
 
 Without --onnx it converts ch_PP-OCRv4_rec_infer.onnx fetched by scripts/fetch_ppocrv4.py.
 Writes OUT/ppocrv4_rec.pt (a torch state dict: torch.load(..., weights_only=True)) or
-OUT/ppocrv4_rec.pdparams (paddle.load), for model.name: ppocrv4_rec, and OUT/ppocr_keys.txt,
-the released dictionary (data.char_dict, with data.use_space_char: true). Every tensor mapped
-is listed (export name, shape, model key). A file that is not that model's export (another
-graph, a truncated or damaged file) is refused with one error line and nothing is written.
+OUT/ppocrv4_rec.pdparams (paddle.load), for model.name: ppocrv4_rec, and OUT/ppocr_keys.txt
+(or --dict-out), the released dictionary (data.char_dict, with data.use_space_char: true).
+Every tensor mapped is listed (export name, shape, model key). A file that is not that model's
+export (another graph, a truncated or damaged file) is refused with one error line and nothing
+is written.
 docs/ppocrv4.md says how the export's fused layers are carried.
 """
 
@@ -27,7 +28,9 @@ from train.ppocrv4_weights import OUTPUT_CLASSES, read_onnx, write_dictionary
 SUFFIX = {"torch": ".pt", "paddle": ".pdparams"}
 
 
-def convert(onnx_path: Path, framework: str, out_dir: Path, quiet: bool) -> Path:
+def convert(
+    onnx_path: Path, framework: str, out_dir: Path, dict_out: Path | None, quiet: bool
+) -> Path:
     released = read_onnx(onnx_path)
     if framework == "torch":
         import torch
@@ -52,7 +55,7 @@ def convert(onnx_path: Path, framework: str, out_dir: Path, quiet: bool) -> Path
     partial = target.with_name(target.name + ".partial")
     save(net.state_dict(), str(partial))
     partial.replace(target)
-    keys = write_dictionary(released.characters, out_dir / "ppocr_keys.txt")
+    keys = write_dictionary(released.characters, dict_out or out_dir / "ppocr_keys.txt")
     print(
         f"mapped {len(report)} tensors of {onnx_path} -> {target} "
         f"({OUTPUT_CLASSES} classes; dictionary {keys}, use_space_char: true)"
@@ -73,6 +76,7 @@ def main() -> int:
         default=installed[0] if installed else None,
         help=f"default: the one this interpreter has ({', '.join(installed) or 'none'})",
     )
+    parser.add_argument("--dict-out", help="where the dictionary goes (default: in --out-dir)")
     parser.add_argument("--quiet", action="store_true", help="only the summary line")
     args = parser.parse_args()
     if args.framework is None:
@@ -81,7 +85,8 @@ def main() -> int:
 
     onnx_path = Path(args.onnx) if args.onnx else fetch(RECOGNIZER)
     out_dir = Path(args.out_dir) if args.out_dir else cache_dir()
-    convert(onnx_path, args.framework, out_dir, args.quiet)
+    dict_out = Path(args.dict_out) if args.dict_out else None
+    convert(onnx_path, args.framework, out_dir, dict_out, args.quiet)
     return 0
 
 

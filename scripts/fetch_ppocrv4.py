@@ -9,8 +9,8 @@ installed: the rapidocr-onnxruntime 1.4.4 wheel ships ch_PP-OCRv4_rec_infer.onnx
 dependencies would pull opencv-python and others against our pins), and cvttf-notosanscjk-regular
 1.0 ships Noto Sans CJK (OFL), which renders the Chinese lines of the fidelity tests and of the
 fine-tuning data. Only the one file of each wheel is kept, in $PPOCRV4_CACHE (default:
-.cache/ppocrv4 in the checkout), and its sha256 is checked on every call, so a damaged or
-swapped file is refused instead of converted.
+$CACHE_ROOT/ppocrv4, and .cache/ppocrv4 in the checkout), and its sha256 is checked on every
+call, so a damaged or swapped file is refused instead of converted.
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ CJK_FONT = WheelFile(
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PPOCRV4_CACHE") or ROOT / ".cache" / "ppocrv4")
+    """$PPOCRV4_CACHE, else ppocrv4/ under the images' CACHE_ROOT, else the checkout's .cache/
+    (where configs/ocr/finetune_ppocrv4*.yaml look for the converted weights)."""
+    if os.environ.get("PPOCRV4_CACHE"):
+        return Path(os.environ["PPOCRV4_CACHE"])
+    return Path(os.environ.get("CACHE_ROOT") or ROOT / ".cache") / "ppocrv4"
 
 
 def sha256(path: Path) -> str:
