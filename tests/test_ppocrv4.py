@@ -146,3 +146,58 @@ def test_ppocrv4_refuses_an_input_its_weights_cannot_read(tmp_path):
             ROOT / "configs/ocr/smoke.yaml",
             overrides=["model.name=ppocrv4_rec", "data.image_shape=[1,32,100]"],
         )
+
+
+FINETUNE_CONFIGS = {
+    "paddle": "configs/ocr/finetune_ppocrv4.yaml",
+    "torch": "configs/ocr/finetune_ppocrv4_torch.yaml",
+}
+
+
+@pytest.mark.parametrize(
+    "framework",
+    [
+        pytest.param("torch", marks=pytest.mark.torch),
+        pytest.param("paddle", marks=pytest.mark.paddle),
+    ],
+)
+def test_fine_tuning_from_the_released_weights_with_a_new_dictionary_renews_only_the_head(
+    framework, ppocrv4_files, ocr_lmdb, tmp_path
+):
+    """The fine-tuning scenario, shortened: the converted weights (convert_weights.py in this
+    framework's env) load into ppocrv4_rec; a dictionary with one character more than the
+    released one leaves only the head fresh, and the run's report says so."""
+    import json
+
+    weights_dir = tmp_path / "weights"
+    done = _convert("--onnx", str(ppocrv4_files["onnx"]), "--out-dir", str(weights_dir), "--quiet")
+    assert done.returncode == 0, done.stderr
+    weights = weights_dir / ("ppocrv4_rec.pt" if framework == "torch" else "ppocrv4_rec.pdparams")
+    released_keys = (weights_dir / "ppocr_keys.txt").read_text(encoding="utf-8")
+    new_keys = tmp_path / "keys.txt"
+    new_keys.write_text(released_keys + "\u2603\n", encoding="utf-8")  # a snowman: not in it
+    run_dir = tmp_path / "run"
+    sets = [
+        f"data.train={ocr_lmdb}",
+        f"data.val={ocr_lmdb}",
+        f"data.char_dict={new_keys}",
+        f"model.init_from={weights}",
+        "data.image_shape=[3,48,160]",
+        "loader.batch_size=4",
+        "loader.num_workers=0",
+        "train.max_steps=2",
+        "optim.warmup_steps=1",
+        "train.eval_every=2",
+        "train.checkpoint_every=2",
+    ]
+    cmd = [sys.executable, "-m", "train", "--config", FINETUNE_CONFIGS[framework]]
+    cmd += ["--output-dir", str(run_dir), *[a for s in sets for a in ("--set", s)]]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((run_dir / "init_from.json").read_text())
+    assert sorted(report["shape_mismatched"]) == ["head.bias", "head.weight"]
+    assert report["shape_mismatched"]["head.weight"][0] in ([6625, 120], [120, 6625])
+    assert report["missing"] == [] and report["unexpected"] == []
+    all_but_head = 232 if framework == "paddle" else 238  # torch's: + 6 BN step counters
+    assert len(report["loaded"]) == all_but_head
+    assert "head.weight" in result.stderr + result.stdout  # the log names the fresh head
