@@ -19,8 +19,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where used: scripts/fetch_ppocrv4.py runs on a bare Python
+    import numpy as np
 
 # A Paddle parameter's name; the export's other Constants are shapes and helper scalars.
 _PARAMETER = re.compile(
@@ -54,6 +56,7 @@ _FIX = (
 
 def read_onnx(path: str | Path) -> Released:
     """The weights and dictionary of the exported recognizer at ``path``."""
+    import numpy as np
     import onnx  # deferred: only the conversion needs it
     from onnx import numpy_helper
 
@@ -107,6 +110,8 @@ def map_weights(
             f"{len(released.tensors)}",
             "build model.name: ppocrv4_rec with the released dictionary (6,625 classes)",
         )
+    import numpy as np
+
     weights, report = {}, []
     for (source, array), (key, shape) in zip(released.tensors, targets):
         if linear_transposed and source.startswith("linear_") and array.ndim == 2:
