@@ -54,7 +54,7 @@ def make_ocr(args: argparse.Namespace) -> int:
             write_all(LmdbOcrWriter(os.path.join(out, split), args.overwrite), samples, bar.update)
     elapsed = time.perf_counter() - start
     print(
-        f"wrote {args.num} {args.domain} text lines ({len(charset)} characters, "
+        f"wrote {args.num} text lines ({args.domain}, {len(charset)} characters, "
         f"font {font or 'PIL default'}) "
         f"to {out} in {elapsed:.1f}s ({args.num / elapsed:.0f} samples/s)"
     )

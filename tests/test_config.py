@@ -160,7 +160,7 @@ def test_scenarios_use_the_images_roots(path: Path, monkeypatch):
     task = path.parent.name
     for name, value in IMAGE_ROOTS.items():
         monkeypatch.setenv(name, value)
-    inside = load_config(path)
+    inside = load_config(path, _without_weights(path))
     data_paths = local_paths(inside)
     assert "data.train" in data_paths or inside.data.train.startswith("s3://")
     for key, value in data_paths.items():
@@ -171,7 +171,7 @@ def test_scenarios_use_the_images_roots(path: Path, monkeypatch):
 
     for name in IMAGE_ROOTS:
         monkeypatch.delenv(name)
-    checkout = load_config(path)
+    checkout = load_config(path, _without_weights(path))
     for key, value in local_paths(checkout).items():
         assert value.startswith(CHECKOUT_DATA[task]), f"{key}: {value}"
     assert checkout.output.dir == f"runs/{task}-{checkout.framework}-{path.stem}"

@@ -201,3 +201,29 @@ def test_fine_tuning_from_the_released_weights_with_a_new_dictionary_renews_only
     all_but_head = 232 if framework == "paddle" else 238  # torch's: + 6 BN step counters
     assert len(report["loaded"]) == all_but_head
     assert "head.weight" in result.stderr + result.stdout  # the log names the fresh head
+
+
+def test_fine_tuning_configs_read_the_weights_where_the_converter_writes_them(
+    monkeypatch, tmp_path
+):
+    """With CACHE_ROOT set (the images set /cache) the configs take the weights from
+    CACHE_ROOT/ppocrv4, where scripts/fetch_ppocrv4.py caches and convert_weights.py writes."""
+    from train.config import load_config
+
+    monkeypatch.setenv("CACHE_ROOT", str(tmp_path))
+    monkeypatch.delenv("PPOCRV4_CACHE", raising=False)
+    fetch = [sys.executable, "-c", "import fetch_ppocrv4; print(fetch_ppocrv4.cache_dir())"]
+    cache = subprocess.run(
+        fetch, cwd=ROOT / "scripts", capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert cache == str(tmp_path / "ppocrv4")
+    for framework, path in FINETUNE_CONFIGS.items():
+        weights = (
+            tmp_path / "ppocrv4" / f"ppocrv4_rec.{'pt' if framework == 'torch' else 'pdparams'}"
+        )
+        weights.parent.mkdir(exist_ok=True)
+        weights.touch()  # the config checks the file exists; its content is read at training
+        config = load_config(ROOT / path)
+        assert (config.framework, config.model.name) == (framework, "ppocrv4_rec")
+        assert config.model.init_from == str(weights)
+        assert config.data.use_space_char and config.data.image_shape == [3, 48, 320]
