@@ -16,7 +16,7 @@ ARGS ?= --overwrite
 IMAGENET_DATA := data/synth_imagenet
 
 .PHONY: setup train-ocr train-resnet50 data test test-torch test-paddle lint format clean-venvs \
-	doctor bench bench-quick containers-ci
+	doctor bench bench-quick containers-ci finetune-ocr
 
 setup: .venv-paddle/.installed .venv-torch/.installed
 
@@ -52,6 +52,36 @@ train-ocr: .venv-paddle/.installed $(OCR_DATA)/charset.txt
 
 train-resnet50: .venv-torch/.installed $(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5
 	$(TORCH) -m train --config configs/resnet50/smoke.yaml $(ARGS)
+
+# Fine-tune PaddleOCR's released PP-OCRv4 recognizer on dot-matrix lines (docs/ppocrv4.md):
+# fetch the released ONNX and a CJK font (once), write the hard domain and a clean set, convert
+# the weights, read both sets zero-shot, fine-tune on the CPU, read both again.
+# FINETUNE_FRAMEWORK=torch runs the torch twin.
+FINETUNE_FRAMEWORK ?= paddle
+PPOCRV4_DOTS := $(OCR_DATA)/ppocrv4_dots
+PPOCRV4_CLEAN := $(OCR_DATA)/ppocrv4_clean
+PPOCRV4_FONT := .cache/ppocrv4/NotoSansCJKtc-Regular.otf
+FINETUNE_PY := $(if $(filter torch,$(FINETUNE_FRAMEWORK)),$(TORCH),$(PADDLE))
+FINETUNE_CONFIG := configs/ocr/finetune_ppocrv4$(if $(filter torch,$(FINETUNE_FRAMEWORK)),_torch).yaml
+FINETUNE_WEIGHTS := .cache/ppocrv4/ppocrv4_rec$(if $(filter torch,$(FINETUNE_FRAMEWORK)),.pt,.pdparams)
+FINETUNE_RUN := runs/ocr-$(FINETUNE_FRAMEWORK)-finetune_ppocrv4$(if $(filter torch,$(FINETUNE_FRAMEWORK)),_torch)
+
+$(PPOCRV4_FONT): | .venv-paddle/.installed
+	$(PADDLE) scripts/fetch_ppocrv4.py
+
+$(PPOCRV4_DOTS)/charset.txt: | $(PPOCRV4_FONT)
+	$(PADDLE) scripts/make_synthetic.py ocr --out $(PPOCRV4_DOTS) --num 1200 --val-fraction 0.1667 --charset full --font $(PPOCRV4_FONT) --domain dot_matrix --seed 0 --overwrite --quiet
+
+$(PPOCRV4_CLEAN)/charset.txt: | $(PPOCRV4_FONT)
+	$(PADDLE) scripts/make_synthetic.py ocr --out $(PPOCRV4_CLEAN) --num 400 --val-fraction 0.5 --charset full --font $(PPOCRV4_FONT) --seed 7 --overwrite --quiet
+
+finetune-ocr: .venv-$(FINETUNE_FRAMEWORK)/.installed $(PPOCRV4_DOTS)/charset.txt $(PPOCRV4_CLEAN)/charset.txt
+	$(FINETUNE_PY) scripts/convert_weights.py --quiet --dict-out $(PPOCRV4_DOTS)/ppocr_keys.txt
+	@echo "zero-shot (released weights):"
+	$(FINETUNE_PY) scripts/eval_ocr.py --config $(FINETUNE_CONFIG) --weights $(FINETUNE_WEIGHTS) $(PPOCRV4_DOTS)/val $(PPOCRV4_CLEAN)/val
+	$(FINETUNE_PY) -m train --config $(FINETUNE_CONFIG) $(ARGS)
+	@echo "fine-tuned (the run's last checkpoint):"
+	$(FINETUNE_PY) scripts/eval_ocr.py --config $(FINETUNE_CONFIG) --weights $$(ls -d $(FINETUNE_RUN)/checkpoints/step-* | tail -1) $(PPOCRV4_DOTS)/val $(PPOCRV4_CLEAN)/val
 
 doctor: .venv-paddle/.installed
 	$(PADDLE) -m train.doctor --config $(or $(CONFIG),configs/ocr/smoke.yaml)

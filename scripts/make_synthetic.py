@@ -18,6 +18,8 @@ import time
 
 import _bootstrap
 
+from datasets.synthetic import DOMAINS
+
 
 def make_ocr(args: argparse.Namespace) -> int:
     from tqdm import tqdm
@@ -27,7 +29,9 @@ def make_ocr(args: argparse.Namespace) -> int:
     from datasets.synthetic import ocr_charset, ocr_samples, write_all
 
     out = os.path.abspath(args.out)
-    charset, font = ocr_charset(args.charset)
+    if args.font and not os.path.isfile(args.font):
+        raise DatasetError(f"--font {args.font}: no such file", "pass a .ttf/.otf/.ttc font file")
+    charset, font = ocr_charset(args.charset, args.font)
     num_val = max(1, int(round(args.num * args.val_fraction)))
     num_train = args.num - num_val
     if num_train < 1:
@@ -44,11 +48,14 @@ def make_ocr(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     for split, count, seed in splits:
         with tqdm(total=count, desc=f"ocr {split}", disable=args.quiet) as bar:
-            samples = ocr_samples(count, charset, font, seed, max_len=args.max_len)
+            samples = ocr_samples(
+                count, charset, font, seed, max_len=args.max_len, domain=args.domain
+            )
             write_all(LmdbOcrWriter(os.path.join(out, split), args.overwrite), samples, bar.update)
     elapsed = time.perf_counter() - start
     print(
-        f"wrote {args.num} text lines ({len(charset)} characters, font {font or 'PIL default'}) "
+        f"wrote {args.num} text lines ({args.domain}, {len(charset)} characters, "
+        f"font {font or 'PIL default'}) "
         f"to {out} in {elapsed:.1f}s ({args.num / elapsed:.0f} samples/s)"
     )
     return 0
@@ -91,6 +98,13 @@ def main() -> int:
         help="full adds common Chinese characters when a CJK font is installed",
     )
     ocr.add_argument("--max-len", type=int, default=10, help="longest generated line")
+    ocr.add_argument("--font", help="render with this font (default: one found on the host)")
+    ocr.add_argument(
+        "--domain",
+        choices=tuple(DOMAINS),
+        default="clean",
+        help="dot_matrix: ink only on a grid of dots, hard for PP-OCRv4 (docs/ppocrv4.md)",
+    )
     imagenet = sub.add_parser("imagenet", help="ImageNet-like JPEGs into one HDF5 file")
     imagenet.add_argument("--out", required=True, help="output .h5 file")
     imagenet.add_argument("--num", type=int, default=2000)

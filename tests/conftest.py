@@ -61,3 +61,17 @@ def image_h5(tmp_path_factory) -> Path:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def ppocrv4_files() -> dict[str, Path]:
+    """The released PP-OCRv4 recognizer (ONNX) and a CJK font, fetched once from the package
+    index by scripts/fetch_ppocrv4.py into .cache/ppocrv4 (or $PPOCRV4_CACHE), sha256-checked."""
+    import subprocess
+    import sys
+
+    script = ROOT / "scripts" / "fetch_ppocrv4.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    onnx_path, font = (Path(line) for line in done.stdout.split())
+    return {"onnx": onnx_path, "font": font}

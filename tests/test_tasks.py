@@ -37,6 +37,22 @@ def test_pixel_scale_and_shift_are_the_mean_and_std(name):
     np.testing.assert_allclose(pixels * scale + shift, expected, atol=1e-5)
 
 
+def test_a_model_with_its_own_pixel_contract_normalizes_with_it():
+    """ppocrv4_rec keeps the per-channel normalization its released weights were trained with;
+    the CRNNs keep the OCR task's."""
+    from dataclasses import replace
+
+    ocr = tasks.get("ocr")
+    own = ocr.model("ppocrv4_rec")
+    scale, shift = ocr.pixel_scale_shift(own)
+    assert scale.shape == shift.shape == (1, 3, 1, 1)
+    np.testing.assert_allclose(255 * scale + shift, 1.0, atol=1e-6)  # white -> 1
+    np.testing.assert_allclose(shift, -1.0, atol=1e-6)  # black -> -1
+    assert ocr.pixel_scale_shift(ocr.model("crnn"))[0].shape == (1, 1, 1, 1)  # the task's
+    other = replace(own, mean=(0.2, 0.4, 0.6), std=(0.5, 0.5, 0.5))
+    np.testing.assert_allclose(ocr.pixel_scale_shift(other)[1].ravel(), [-0.4, -0.8, -1.2])
+
+
 def test_sample_bytes_match_a_real_sample(ocr_lmdb, image_h5):
     """The /dev/shm estimate before any data is read (train/preflight.py) is the size of what
     the dataset really yields."""

@@ -137,3 +137,84 @@ def restore(run_dir: Path, backend, config) -> Position:
     position = Position(**meta["position"])
     log.info("resumed from %s (epoch %d, step %d)", path, position.epoch, position.step)
     return position
+
+
+# ---------------------------------------------------------------- the run's best checkpoint
+BEST_DIR = "best"  # in the run directory, beside checkpoints/; keep_last never rotates it
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a rename, as the checkpoints' own files."""
+    _write_atomic(Path(path), text)
+
+
+def best(run_dir: Path) -> Path | None:
+    """The run's best checkpoint (``best/``) when there is a complete one."""
+    for name in (BEST_DIR, BEST_DIR + ".old"):  # .old: a crash between save_best's renames
+        path = Path(run_dir) / name
+        if (path / "trainer.json").is_file():
+            return path
+    return None
+
+
+def best_or_latest(run_dir: Path) -> Path | None:
+    """What a run directory means as a source of weights: its best checkpoint, else its
+    latest."""
+    return best(run_dir) or latest(run_dir)
+
+
+BEST_METRIC_FILE = "metric.json"  # in best/: {"metric", "value", "step", "epoch"}
+
+
+def best_metric(run_dir: Path) -> dict | None:
+    """best/metric.json of the run, or None before its first evaluation."""
+    path = best(run_dir)
+    if path is None or not (path / BEST_METRIC_FILE).is_file():
+        return None
+    return json.loads((path / BEST_METRIC_FILE).read_text(encoding="utf-8"))
+
+
+def save_best(run_dir: Path, backend, position: Position, config, metric: str, value: float):
+    """Keep this step's weights as ``best/`` when ``value`` of the task's main ``metric``
+    (higher is better) beats best/metric.json's; return the new record, or None when the
+    previous best stands (ties too: the earlier step stays). best/ is a checkpoint like the
+    others (same files, trainer.json), written as ``best.partial`` and renamed into place, and
+    keep_last never removes it. --resume reads the record, so a resumed run keeps comparing
+    against the best before the stop."""
+    previous = best_metric(run_dir)
+    if previous is not None and previous["metric"] == metric and value <= previous["value"]:
+        return None
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    final, tmp, old = (run_dir / f"{BEST_DIR}{end}" for end in ("", ".partial", ".old"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    backend.save_state(tmp)
+    _fsync_tree(tmp)
+    meta = {
+        "position": asdict(position),
+        "framework": config.framework,
+        "task": config.task,
+        "model": config.model.name,
+        "saved_at": time.time(),
+    }
+    _write_atomic(tmp / "trainer.json", json.dumps(meta, indent=2))
+    record = {"metric": metric, "value": value, "step": position.step, "epoch": position.epoch}
+    _write_atomic(tmp / BEST_METRIC_FILE, json.dumps(record, indent=2))
+    # Two renames: a crash between them leaves best.old, which best() still finds.
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    was = f"{previous['value']:.4f} at step {previous['step']}" if previous else "none"
+    log.info(
+        "best %s %.4f at step %d (was %s): %s (%.2f s)",
+        metric,
+        value,
+        position.step,
+        was,
+        final,
+        time.perf_counter() - started,
+    )
+    return record

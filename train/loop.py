@@ -16,6 +16,7 @@ from datasets.sampler import EpochSampler
 from train import checkpoint, tasks
 from train.data import RunData
 from train.telemetry import Telemetry
+from train.weights import apply_init_from
 
 log = logging.getLogger("train")
 
@@ -101,6 +102,7 @@ class Run:
             self.position.started_world_size = self.position.started_world_size or world
         else:
             self.reshard()
+        apply_init_from(config, backend, run_dir, resume, dist.is_main)  # model.init_from
 
         knobs = (
             f"workers={workers} prefetch={loader_cfg.prefetch_factor or 2} "
@@ -232,7 +234,19 @@ class Run:
             position = self.position
             record = {"type": "eval", "step": position.step, "epoch": position.epoch}
             self.telemetry.emit({**record, **self.last_eval})
+            self.keep_best()
         self.evaluated_at = self.position.step
+
+    def keep_best(self) -> None:
+        """best/ in the run directory: this step's weights when the task's main metric beats
+        the best so far (train/checkpoint.py's save_best)."""
+        if self.dist.is_main:
+            metric = tasks.get(self.config.task).metric.main
+            value = self.last_eval[metric]
+            checkpoint.save_best(
+                self.run_dir, self.backend, self.position, self.config, metric, value
+            )
+        self.backend.barrier()
 
     def save(self) -> None:
         if self.dist.is_main:

@@ -13,6 +13,8 @@ import numpy as np
 
 
 class Metric(Protocol):
+    main: str  # the summary's key that picks the best checkpoint (higher is better)
+
     def update(self, predicted: np.ndarray, labels: dict[str, np.ndarray]) -> None: ...
     def state(self) -> np.ndarray: ...
     @staticmethod
@@ -43,6 +45,8 @@ def edit_distance(a: list[int] | str, b: list[int] | str) -> int:
 class OcrMetric:
     """Exact-match accuracy and 1 - normalized edit distance (PaddleOCR's norm_edit_dis)."""
 
+    main = "acc"  # the figure that picks the run's best checkpoint (higher is better)
+
     def __init__(self) -> None:
         self.correct = 0
         self.total = 0
@@ -69,6 +73,8 @@ class OcrMetric:
 
 class TopKMetric:
     """Top-1 and top-5 accuracy."""
+
+    main = "top1"  # the figure that picks the run's best checkpoint (higher is better)
 
     def __init__(self) -> None:
         self.top1 = 0

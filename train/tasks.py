@@ -35,9 +35,15 @@ class CrnnWidths:
 @dataclass(frozen=True)
 class Model:
     name: str  # model.name in a config
-    family: str  # the builder in each backend's models.py: "crnn" or "resnet"
+    family: str  # the builder in each backend's models.py: "crnn", "resnet" or "ppocrv4"
     parameters: float  # about how many: the doctor's checkpoint-size estimate
     widths: CrnnWidths | None = None  # the crnn family's sizes
+    # The model's own pixel normalization when it differs from the task's (None: the task's).
+    # A model with released weights keeps the normalization they were trained with.
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    # data config -> what the config gets wrong for this model (e.g. the input its weights need)
+    problems: Callable[[Any], Iterator[Problem]] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,10 +78,13 @@ class Task:
     def model_names(self) -> tuple[str, ...]:
         return tuple(model.name for model in self.models)
 
-    def pixel_scale_shift(self) -> tuple[np.ndarray, np.ndarray]:
+    def pixel_scale_shift(self, model: Model | None = None) -> tuple[np.ndarray, np.ndarray]:
         """float32 arrays [1, C, 1, 1] (C = 1: every channel) with which uint8 pixels x
-        normalize as x * scale + shift, which is (x / 255 - mean) / std in one multiply-add."""
-        mean, std = np.array(self.mean), np.array(self.std)
+        normalize as x * scale + shift, which is (x / 255 - mean) / std in one multiply-add:
+        ``model``'s own mean and std when it has them, else the task's."""
+        own = model is not None and model.mean is not None
+        mean = np.array(model.mean if own else self.mean)
+        std = np.array(model.std if own else self.std)
         scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(1, -1, 1, 1)
         shift = (-mean / std).astype(np.float32).reshape(1, -1, 1, 1)
         return scale, shift
@@ -113,6 +122,13 @@ def _ocr_problems(data) -> Iterator[Problem]:
         yield "data.image_shape", f"expected 3 numbers [C, H, W], got {got}", "e.g. [3, 48, 320]"
 
 
+def _ppocrv4_problems(data) -> Iterator[Problem]:
+    if len(data.image_shape) == 3 and tuple(data.image_shape[:2]) != (3, 48):
+        got = list(data.image_shape)
+        problem = f"ppocrv4_rec reads BGR lines 48 pixels high, got {got}"
+        yield "data.image_shape", problem, f"use [3, 48, {got[-1]}] (width: up to 320 or more)"
+
+
 OCR = Task(
     name="ocr",
     models=(
@@ -121,6 +137,17 @@ OCR = Task(
         Model("crnn", "crnn", 9e6, CrnnWidths(stages=(64, 128, 256, 512), lstm_layers=2)),
         # About 1/20 of the compute: learns the synthetic smoke data in a few hundred CPU steps.
         Model("crnn_tiny", "crnn", 1e6, CrnnWidths(stages=(16, 32, 64, 96), lstm_layers=1)),
+        # PaddleOCR's released PP-OCRv4 mobile recognizer (2.7M parameters with its 6,625
+        # classes), for fine-tuning from its weights: docs/ppocrv4.md. Its contract is PP-OCR's:
+        # BGR, 48 high, aspect kept up to the width, right padding, (x / 255 - 0.5) / 0.5.
+        Model(
+            "ppocrv4_rec",
+            "ppocrv4",
+            2.7e6,
+            mean=(0.5, 0.5, 0.5),
+            std=(0.5, 0.5, 0.5),
+            problems=_ppocrv4_problems,
+        ),
     ),
     label_keys=("label", "length"),
     mean=(0.5,),  # to [-1, 1], as PaddleOCR's recognizers

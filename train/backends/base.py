@@ -187,6 +187,12 @@ class Backend(abc.ABC):
         """Restore everything save_state wrote (after build()). A file that would need
         unpickling raises train.checkpoint.UnsafeCheckpointError, and nothing in it runs."""
 
+    def init_weights_from(self, path: str | Path) -> Any:
+        """model.init_from, after build(): load the weights at ``path`` (train/weights.py's
+        sources) whose names and shapes match the model, leave the rest at their fresh
+        initialization, never touch the optimizer; return a train.weights.InitReport."""
+        raise NotImplementedError(f"{self.name} backend cannot load model.init_from weights")
+
     # --- distributed and telemetry -----------------------------------------------------------
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Sum a small float64 array over ranks (identity when world size is 1)."""

@@ -201,3 +201,48 @@ def _crnn_backbone(widths: CrnnWidths, image_shape: tuple[int, int, int]) -> lis
         # of adaptive pooling, whose CUDA backward has no deterministic kernel.
         Conv(s4, s4, (height // HEIGHT_STRIDE, 1), (0, 0)),
     ]
+
+
+# ---------------------------------------------------------------- PP-OCRv4 mobile recognizer
+# The released ch_PP-OCRv4_rec model as its inference export computes it (read from the ONNX
+# graph with the onnx package; docs/ppocrv4.md). Backbone: PP-LCNetV3 at scale 0.95 in its
+# deployed form, where each block's parallel branches and batch norms were fused at export
+# into one convolution with a bias. Both backends build exactly this, in this order: the weight
+# converter (train/ppocrv4_weights.py) maps the export's tensors onto it in graph order.
+@dataclass(frozen=True)
+class LcnetBlock:
+    in_channels: int
+    out_channels: int
+    kernel: int  # of the depthwise convolution
+    stride: tuple[int, int]  # (height, width), of the depthwise convolution
+    squeeze_excite: bool  # SE between the depthwise and the pointwise convolution
+
+
+PPOCRV4_STEM = 16  # 3x3 stride-2 convolution without bias, then batch norm, no activation
+PPOCRV4_BLOCKS = (
+    LcnetBlock(16, 32, 3, (1, 1), False),
+    LcnetBlock(32, 64, 3, (1, 1), False),
+    LcnetBlock(64, 64, 3, (1, 1), False),
+    LcnetBlock(64, 128, 3, (2, 1), False),
+    LcnetBlock(128, 128, 3, (1, 1), False),
+    LcnetBlock(128, 240, 3, (1, 2), False),
+    *(LcnetBlock(240, 240, 5, (1, 1), False) for _ in range(4)),
+    LcnetBlock(240, 480, 5, (2, 1), True),
+    LcnetBlock(480, 480, 5, (1, 1), True),
+    LcnetBlock(480, 480, 5, (2, 1), False),
+    LcnetBlock(480, 480, 5, (1, 1), False),
+)
+PPOCRV4_SE_REDUCTION = 4
+# After the backbone: average pooling (3, 2) turns the 3 x W/4 map of a 48-pixel line into one
+# row of W/8 steps. The SVTR neck: 1x3 conv to 480/8, 1x1 conv to 120, two pre-norm transformer
+# blocks (8 heads of 15, MLP ratio 2, swish), 1x1 conv back to 480, concatenated with the
+# pooled map, 1x3 conv to 60, 1x1 conv to 120; every conv there is conv + batch norm + swish.
+PPOCRV4_HEIGHT = 48
+PPOCRV4_POOL = (3, 2)
+PPOCRV4_NECK_DIMS = 120
+PPOCRV4_NECK_DEPTH = 2
+PPOCRV4_NECK_HEADS = 8
+PPOCRV4_NECK_MLP = 240
+PPOCRV4_BLOCK_EPS = 1e-5  # the blocks' layer norms
+PPOCRV4_FINAL_EPS = 1e-6  # the neck's last layer norm
+PPOCRV4_BN_EPS = 1e-5

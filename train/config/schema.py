@@ -109,6 +109,10 @@ class ModelConfig:
     name: Literal[MODEL_NAMES] | None = None  # one of the task's (train/tasks.py); None: its 1st
     hidden_size: PositiveInt = 256  # CRNN: BiLSTM width
     num_classes: PositiveInt | None = None  # ResNet; None: read from the dataset
+    # Fine-tuning: a new run starts from these weights (a checkpoint or run directory, a torch
+    # .pt/.pth or a Paddle .pdparams); names and shapes that differ keep their fresh init
+    # (train/weights.py). Ignored on --resume.
+    init_from: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

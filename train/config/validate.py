@@ -202,6 +202,9 @@ def _check_task(config: Config) -> str:
     data = config.data
     for key, problem, hint in task.problems(data):
         raise ConfigError(key, problem, hint)
+    model_problems = task.model(model_name).problems
+    for key, problem, hint in model_problems(data) if model_problems else ():
+        raise ConfigError(key, problem, hint)
     if not data.train.strip():
         raise ConfigError("data.train", "is empty", REQUIRED_HINTS["data.train"])
     for name in ("train", "val", "char_dict", "skip_keys_file"):
@@ -209,6 +212,12 @@ def _check_task(config: Config) -> str:
         if path and re.match(r"[A-Za-z][\w+.-]*://", path) and not path.startswith("s3://"):
             hint = "stage the data to a local path, or use s3://"
             raise ConfigError(f"data.{name}", f"unsupported URL scheme in {path!r}", hint)
+    if config.model.init_from is not None:
+        from train.weights import source_problem
+
+        found = source_problem(config.model.init_from)
+        if found:
+            raise ConfigError("model.init_from", *found)
     return model_name
 
 

@@ -25,6 +25,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.utils import unique_name
 
+from train import weights
 from train.backends import common
 from train.backends.base import Backend, DeviceUnavailableError, DistInfo
 from train.backends.paddle import data as paddle_data
@@ -61,6 +62,7 @@ class PaddleBackend(Backend):
         self._names: Any = None
         self._training_mode: bool | None = None
         self._stats: tuple[paddle.Tensor, paddle.Tensor] | None = None  # pixel scale, shift
+        self._model_spec = None  # train/tasks.py's Model once built: its pixel contract
         self._head = HEADS[self.task.name]  # the task's loss and decoding
 
     # --- process ---------------------------------------------------------------------------
@@ -184,7 +186,9 @@ class PaddleBackend(Backend):
         # Transpose the uint8 batch: a quarter of the bytes of the float32 one.
         images = images.transpose([0, 3, 1, 2]).astype("float32")
         if self._stats is None:  # device constants, made once (not a host copy per batch)
-            self._stats = tuple(paddle.to_tensor(a) for a in self.task.pixel_scale_shift())
+            self._stats = tuple(
+                paddle.to_tensor(a) for a in self.task.pixel_scale_shift(self._model_spec)
+            )
         scale, shift = self._stats
         return images * scale + shift
 
@@ -195,6 +199,7 @@ class PaddleBackend(Backend):
         # Paddle's BatchNorm warns on every training forward that it tracks running statistics,
         # which it always did; the message says nothing to act on.
         warnings.filterwarnings("ignore", "When training, we now always track global mean")
+        self._model_spec, self._stats = self.task.model(model.name), None  # its normalization
         with self._own_names():
             self.net = build_model(
                 self.task.model(model.name),
@@ -355,6 +360,27 @@ class PaddleBackend(Backend):
         kind, keys, position, has_gauss, cached = state["numpy_random"]
         np.random.set_state((kind, np.array(keys, np.uint32), position, has_gauss, cached))
         self.step, self.seed = int(state["step"]), int(state["seed"])
+
+    def init_weights_from(self, path: str | Path) -> weights.InitReport:
+        """model.init_from (after build): load the tensors of ``path`` whose names and shapes
+        are the model's; the rest keeps its fresh initialization. No optimizer state."""
+        source = weights.resolve_source(path)
+        if source.framework != "paddle":
+            raise weights.InitFromError(
+                f"model.init_from {source.path} was written by {source.framework}; this run "
+                "trains with paddle. HINT: use a paddle checkpoint or a .pdparams file"
+            )
+        if source.kind == "checkpoint":
+            state = _load_npz(source.path / MODEL_FILE)
+        else:
+            state = weights.read_pdparams(source.path)
+        arrays = {name: value for name, value in state.items() if isinstance(value, np.ndarray)}
+        report = weights.match(arrays, self.net.state_dict(), str(source.path))
+        report.unexpected += [name for name in state if name not in arrays]
+        with warnings.catch_warnings():  # one "Skip loading" per key the report names already
+            warnings.filterwarnings("ignore", "Skip loading for")
+            self.net.set_state_dict({name: arrays[name] for name in report.loaded})
+        return report
 
     # --- distributed and telemetry -----------------------------------------------------------
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Which models exist, and their sizes, is train/tasks.py's; here each model family has its
 builder: "crnn" (written here, layer by layer from train/backends/common.py's plan: the
-paddleocr wheel ships no ppocr.modeling) and "resnet" (paddle.vision's). HEADS holds what the
+paddleocr wheel ships no ppocr.modeling), "resnet" (paddle.vision's) and "ppocrv4"
+(train/backends/paddle/ppocrv4.py). HEADS holds what the
 backend does per task: the loss, and the decoding of the model's scores into the predictions
 the task's metric reads.
 """
@@ -65,9 +66,16 @@ def _resnet(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn
     return getattr(models, model.name)(pretrained=False, num_classes=num_classes)
 
 
+def _ppocrv4(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn.Layer:
+    from train.backends.paddle.ppocrv4 import PpocrV4Rec
+
+    return PpocrV4Rec(num_classes)  # its sizes are the released model's (hidden_size unused)
+
+
 FAMILIES: dict[str, Callable[[Model, int, tuple, int], nn.Layer]] = {
     "crnn": _crnn,
     "resnet": _resnet,
+    "ppocrv4": _ppocrv4,
 }
 
 

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
+from train import weights
 from train.backends import common
 from train.backends.base import Backend, DeviceUnavailableError, DistInfo
 from train.backends.torch.data import make_loader
@@ -54,6 +55,7 @@ class TorchBackend(Backend):
         self.amp_dtype: torch.dtype | None = None
         self._training_mode: bool | None = None
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None  # pixel scale, shift
+        self._model_spec = None  # train/tasks.py's Model once built: its pixel contract
         self._head = HEADS[self.task.name]  # the task's loss and decoding
 
     # --- process ---------------------------------------------------------------------------
@@ -169,7 +171,7 @@ class TorchBackend(Backend):
         """Scale and shift as [1, C, 1, 1] device tensors, made once (not a host copy per
         batch)."""
         if self._stats is None:
-            scale, shift = self.task.pixel_scale_shift()
+            scale, shift = self.task.pixel_scale_shift(self._model_spec)
             self._stats = (
                 torch.from_numpy(scale).to(self.device),
                 torch.from_numpy(shift).to(self.device),
@@ -209,6 +211,7 @@ class TorchBackend(Backend):
         self, model, optim, input_shape: tuple[int, int, int], num_classes: int, total_steps: int
     ) -> None:
         spec = self.task.model(model.name)
+        self._model_spec, self._stats = spec, None  # the model's own normalization
         net = build_model(
             spec, num_classes, input_shape=input_shape, hidden_size=model.hidden_size
         ).to(self.device)
@@ -338,6 +341,32 @@ class TorchBackend(Backend):
             holds = "pickled objects other than tensors and plain containers"
             reader = "torch.load(weights_only=True)"
             raise refuse_pickle(path, holds, reader, str(error).splitlines()[0]) from error
+
+    def init_weights_from(self, path: str | Path) -> weights.InitReport:
+        """model.init_from (after build): load the tensors of ``path`` whose names and shapes
+        are the model's; the rest keeps its fresh initialization. No optimizer state."""
+        source = weights.resolve_source(path)
+        if source.framework != "torch":
+            raise weights.InitFromError(
+                f"model.init_from {source.path} was written by {source.framework}; this run "
+                "trains with torch. HINT: use a torch checkpoint or a .pt/.pth state dict"
+            )
+        if source.kind == "checkpoint":
+            state = self._load(source.path, "model", "cpu")
+        else:
+            try:
+                state = torch.load(source.path, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as error:
+                holds = "pickled objects other than tensors and plain containers"
+                reader = "torch.load(weights_only=True)"
+                detail = str(error).splitlines()[0]
+                raise refuse_pickle(source.path, holds, reader, detail) from error
+        state = weights.unwrap_state_dict(state, source.path)
+        tensors = {name: value for name, value in state.items() if torch.is_tensor(value)}
+        report = weights.match(tensors, self.net.state_dict(), str(source.path))
+        report.unexpected += [name for name in state if name not in tensors]
+        self.net.load_state_dict({name: tensors[name] for name in report.loaded}, strict=False)
+        return report
 
     # --- distributed and telemetry -----------------------------------------------------------
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:

@@ -1,9 +1,10 @@
 """Models for the PyTorch backend, and each task's loss and decoding.
 
 Which models exist, and their sizes, is train/tasks.py's; here each model family has its
-builder: "crnn" (written here, layer by layer from train/backends/common.py's plan) and
-"resnet" (torchvision's). HEADS holds what the backend does per task: the loss, and the
-decoding of the model's scores into the predictions the task's metric reads.
+builder: "crnn" (written here, layer by layer from train/backends/common.py's plan),
+"resnet" (torchvision's) and "ppocrv4" (train/backends/torch/ppocrv4.py). HEADS holds what
+the backend does per task: the loss, and the decoding of the model's scores into the
+predictions the task's metric reads.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def _resnet(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn
     return getattr(torchvision.models, model.name)(weights=None, num_classes=num_classes)
 
 
+def _ppocrv4(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn.Module:
+    from train.backends.torch.ppocrv4 import PpocrV4Rec
+
+    return PpocrV4Rec(num_classes)  # its sizes are the released model's (hidden_size unused)
+
+
 @dataclass(frozen=True)
 class Family:
     build: Callable[[Model, int, Any, int], nn.Module]
@@ -67,7 +74,11 @@ class Family:
     channels_last: bool
 
 
-FAMILIES = {"crnn": Family(_crnn, channels_last=False), "resnet": Family(_resnet, True)}
+FAMILIES = {
+    "crnn": Family(_crnn, channels_last=False),
+    "resnet": Family(_resnet, True),
+    "ppocrv4": Family(_ppocrv4, channels_last=False),  # depthwise convs: not measured on GPU
+}
 
 
 def build_model(

@@ -1,0 +1,229 @@
+"""The PP-OCRv4 recognizer written here against the released one: its ONNX export, run by ONNX
+Runtime on the same inputs, in each framework; the weight converter's refusals; its config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datasets.ocr_transforms import resize_and_pad
+from datasets.synthetic import CJK, LATIN, random_text, render_text_line
+from train.ppocrv4_weights import WeightsError, read_onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LINES = 24  # half Chinese, half Latin (letters and digits)
+SHAPE = (3, 48, 320)  # PP-OCR's recognizer input
+
+
+def _rendered_lines(font) -> tuple[list[str], np.ndarray]:
+    """(texts, float32 [N, 3, 48, 320]) under PP-OCR's pixel contract: BGR, 48 high, aspect
+    kept, right padding (resize_and_pad, the data path's), (x / 255 - 0.5) / 0.5."""
+    rng = np.random.default_rng(7)
+    texts = [random_text(CJK, rng, 4, 10) for _ in range(LINES // 2)]
+    texts += [random_text(LATIN, rng, 4, 10) for _ in range(LINES // 2)]
+    images = np.stack(
+        [resize_and_pad(render_text_line(t, str(font), rng), SHAPE)[0] for t in texts]
+    )
+    return texts, (images.transpose(0, 3, 1, 2).astype(np.float32) / 255 - 0.5) / 0.5
+
+
+def _greedy_ctc(probabilities: np.ndarray, characters: list[str]) -> list[str]:
+    """PP-OCR's decoding: best class per step, repeats merged, blanks (0) dropped."""
+    texts = []
+    for best in probabilities.argmax(2):
+        keep = (best != 0) & np.r_[True, best[1:] != best[:-1]]
+        texts.append("".join(characters[c - 1] for c in best[keep]))
+    return texts
+
+
+@pytest.fixture(scope="module")
+def reference(ppocrv4_files):
+    """The released model's class scores for the rendered lines, from ONNX Runtime."""
+    import onnxruntime
+
+    released = read_onnx(ppocrv4_files["onnx"])
+    texts, images = _rendered_lines(ppocrv4_files["font"])
+    session = onnxruntime.InferenceSession(
+        str(ppocrv4_files["onnx"]), providers=["CPUExecutionProvider"]
+    )
+    scores = session.run(None, {"x": images})[0]
+    characters = [*released.characters, " "]  # the export's classes: blank, dictionary, space
+    decoded = _greedy_ctc(scores, characters)
+    # The lines are readable: a wrong pixel contract (RGB, no normalization) reads few of them.
+    read = sum(got.strip() == text for got, text in zip(decoded, texts))
+    assert read >= LINES * 2 // 3, list(zip(texts, decoded))
+    return released, images, scores, decoded, characters
+
+
+def _check_fidelity(probabilities: np.ndarray, reference) -> None:
+    _, _, scores, decoded, characters = reference
+    assert probabilities.shape == scores.shape == (LINES, SHAPE[2] // 8, 6625)
+    assert np.abs(probabilities - scores).max() < 1e-3
+    assert _greedy_ctc(probabilities, characters) == decoded
+
+
+@pytest.mark.torch
+def test_torch_model_reproduces_onnx_runtime(reference):
+    import torch
+
+    from train.backends.torch.models import build_model
+    from train.backends.torch.ppocrv4 import load_released
+    from train.tasks import OCR
+
+    released, images, *_ = reference
+    net = build_model(OCR.model("ppocrv4_rec"), 6625, input_shape=SHAPE, hidden_size=256)
+    report = load_released(net, released)
+    assert len(report) == 234 and report[-1].endswith("-> head.bias")
+    with torch.no_grad():
+        probabilities = net.eval()(torch.from_numpy(images)).softmax(-1).numpy()
+    _check_fidelity(probabilities, reference)
+
+
+@pytest.mark.paddle
+def test_paddle_model_reproduces_onnx_runtime(reference):
+    import paddle
+
+    from train.backends.paddle.models import build_model
+    from train.backends.paddle.ppocrv4 import load_released
+    from train.tasks import OCR
+
+    released, images, *_ = reference
+    net = build_model(OCR.model("ppocrv4_rec"), 6625, input_shape=SHAPE, hidden_size=256)
+    report = load_released(net, released)
+    assert len(report) == 234 and report[-1].endswith("-> head.bias")
+    net.eval()  # returns None in Paddle
+    with paddle.no_grad():
+        logits = net(paddle.to_tensor(images))
+        probabilities = paddle.nn.functional.softmax(logits, axis=-1).numpy()
+    _check_fidelity(probabilities, reference)
+
+
+def _convert(*args: str) -> subprocess.CompletedProcess:
+    script = ROOT / "scripts" / "convert_weights.py"
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "other_graph"])
+def test_a_wrong_or_truncated_onnx_file_gives_one_clear_error_and_writes_nothing(
+    ppocrv4_files, tmp_path, damage
+):
+    data = ppocrv4_files["onnx"].read_bytes()
+    bad = tmp_path / "model.onnx"
+    if damage == "truncated":
+        bad.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        bad.write_bytes(b"<html>502 Bad Gateway</html>")
+    else:  # a valid ONNX model of another network: the export without its head's weights
+        import onnx
+
+        model = onnx.load(str(ppocrv4_files["onnx"]))
+        head = [
+            n for n in model.graph.node if n.op_type == "Constant" and "linear_85" in n.output[0]
+        ]
+        for node in head:
+            model.graph.node.remove(node)
+        onnx.save(model, str(bad))
+    with pytest.raises(WeightsError, match="HINT: pass the ch_PP-OCRv4_rec_infer.onnx"):
+        read_onnx(bad)
+    out = tmp_path / "out"
+    done = _convert("--onnx", str(bad), "--out-dir", str(out))
+    assert done.returncode == 2
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"error: {bad}"), done.stderr
+    assert not out.exists()
+
+
+def test_ppocrv4_refuses_an_input_its_weights_cannot_read(tmp_path):
+    from train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="ppocrv4_rec reads BGR lines 48 pixels high"):
+        load_config(
+            ROOT / "configs/ocr/smoke.yaml",
+            overrides=["model.name=ppocrv4_rec", "data.image_shape=[1,32,100]"],
+        )
+
+
+FINETUNE_CONFIGS = {
+    "paddle": "configs/ocr/finetune_ppocrv4.yaml",
+    "torch": "configs/ocr/finetune_ppocrv4_torch.yaml",
+}
+
+
+@pytest.mark.parametrize(
+    "framework",
+    [
+        pytest.param("torch", marks=pytest.mark.torch),
+        pytest.param("paddle", marks=pytest.mark.paddle),
+    ],
+)
+def test_fine_tuning_from_the_released_weights_with_a_new_dictionary_renews_only_the_head(
+    framework, ppocrv4_files, ocr_lmdb, tmp_path
+):
+    """The fine-tuning scenario, shortened: the converted weights (convert_weights.py in this
+    framework's env) load into ppocrv4_rec; a dictionary with one character more than the
+    released one leaves only the head fresh, and the run's report says so."""
+    import json
+
+    weights_dir = tmp_path / "weights"
+    done = _convert("--onnx", str(ppocrv4_files["onnx"]), "--out-dir", str(weights_dir), "--quiet")
+    assert done.returncode == 0, done.stderr
+    weights = weights_dir / ("ppocrv4_rec.pt" if framework == "torch" else "ppocrv4_rec.pdparams")
+    released_keys = (weights_dir / "ppocr_keys.txt").read_text(encoding="utf-8")
+    new_keys = tmp_path / "keys.txt"
+    new_keys.write_text(released_keys + "\u2603\n", encoding="utf-8")  # a snowman: not in it
+    run_dir = tmp_path / "run"
+    sets = [
+        f"data.train={ocr_lmdb}",
+        f"data.val={ocr_lmdb}",
+        f"data.char_dict={new_keys}",
+        f"model.init_from={weights}",
+        "data.image_shape=[3,48,160]",
+        "loader.batch_size=4",
+        "loader.num_workers=0",
+        "train.max_steps=2",
+        "optim.warmup_steps=1",
+        "train.eval_every=2",
+        "train.checkpoint_every=2",
+    ]
+    cmd = [sys.executable, "-m", "train", "--config", FINETUNE_CONFIGS[framework]]
+    cmd += ["--output-dir", str(run_dir), *[a for s in sets for a in ("--set", s)]]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((run_dir / "init_from.json").read_text())
+    assert sorted(report["shape_mismatched"]) == ["head.bias", "head.weight"]
+    assert report["shape_mismatched"]["head.weight"][0] in ([6625, 120], [120, 6625])
+    assert report["missing"] == [] and report["unexpected"] == []
+    all_but_head = 232 if framework == "paddle" else 238  # torch's: + 6 BN step counters
+    assert len(report["loaded"]) == all_but_head
+    assert "head.weight" in result.stderr + result.stdout  # the log names the fresh head
+
+
+def test_fine_tuning_configs_read_the_weights_where_the_converter_writes_them(
+    monkeypatch, tmp_path
+):
+    """With CACHE_ROOT set (the images set /cache) the configs take the weights from
+    CACHE_ROOT/ppocrv4, where scripts/fetch_ppocrv4.py caches and convert_weights.py writes."""
+    from train.config import load_config
+
+    monkeypatch.setenv("CACHE_ROOT", str(tmp_path))
+    monkeypatch.delenv("PPOCRV4_CACHE", raising=False)
+    fetch = [sys.executable, "-c", "import fetch_ppocrv4; print(fetch_ppocrv4.cache_dir())"]
+    cache = subprocess.run(
+        fetch, cwd=ROOT / "scripts", capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert cache == str(tmp_path / "ppocrv4")
+    for framework, path in FINETUNE_CONFIGS.items():
+        weights = (
+            tmp_path / "ppocrv4" / f"ppocrv4_rec.{'pt' if framework == 'torch' else 'pdparams'}"
+        )
+        weights.parent.mkdir(exist_ok=True)
+        weights.touch()  # the config checks the file exists; its content is read at training
+        config = load_config(ROOT / path)
+        assert (config.framework, config.model.name) == (framework, "ppocrv4_rec")
+        assert config.model.init_from == str(weights)
+        assert config.data.use_space_char and config.data.image_shape == [3, 48, 320]
