@@ -1,4 +1,4 @@
-"""The dashboards: every float of a train/eval record goes to the framework's scalar log
+"""The dashboards: every float of a training or evaluation record goes to the framework's scalar log
 (TensorBoard for torch, VisualDL for Paddle, both installed and on by default), and the log
 line carries an ETA.
 
