@@ -176,3 +176,22 @@ def test_unknown_model_path_is_a_clear_error(tmp_path):
     )
     assert result.returncode == 4
     assert "does not exist" in result.stderr and "HINT" in result.stderr
+
+
+def test_export_format_of_the_other_framework_is_a_clear_error(tmp_path, ocr_lmdb):
+    from tests.backends import make_config
+    from train.config import save_resolved
+
+    run = tmp_path / "run"
+    save_resolved(make_config("paddle", "ocr", ocr_lmdb), run)
+    (run / "best").mkdir()
+    meta = {"framework": "paddle", "task": "ocr", "position": {}}
+    (run / "best" / "trainer.json").write_text(json.dumps(meta))
+    cmd = [sys.executable, "-m", "train.export", "--run", str(run), "--format", "onnx"]
+    result = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 4, result.stderr
+    assert "is a paddle model; onnx is for torch models" in result.stderr
+    assert "HINT: use --format paddle-inference or pdparams" in result.stderr
+    assert not (tmp_path / "out").exists()

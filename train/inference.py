@@ -274,6 +274,14 @@ def batched(items, size: int) -> Iterator[list]:
         yield batch
 
 
+def framework_missing(framework: str, path: Path) -> InferenceError:
+    """The error for a model whose framework this Python environment lacks."""
+    return InferenceError(
+        f"{path} needs {framework}, which this Python environment lacks. HINT: run with "
+        f".venv-{framework}/bin/python (or in the {framework} image)"
+    )
+
+
 def load_backend(model: TrainedModel, config, labels: list[str]):
     """A backend (config.framework's) holding the checkpoint's model, ready for predict() and
     infer(): built as training built it, then the checkpoint's state loaded."""
@@ -284,7 +292,10 @@ def load_backend(model: TrainedModel, config, labels: list[str]):
             f"{model.checkpoint} was trained with {model.framework}, the config says "
             f"{config.framework}. HINT: run with the {model.framework} environment and config"
         )
-    backend = make_backend(config)
+    try:
+        backend = make_backend(config)
+    except ImportError as error:
+        raise framework_missing(config.framework, model.checkpoint) from error
     backend.init_distributed()
     backend.seed_everything(config.seed, config.deterministic)
     input_shape = tasks.get(config.task).input_shape(config.data)

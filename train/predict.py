@@ -36,12 +36,21 @@ def open_model(path: str, overrides=()) -> Model:
 
     directory = Path(path)
     if (directory / "inference.pdmodel").is_file():
-        from train.backends.paddle.export import InferenceModel
+        try:
+            from train.backends.paddle.export import InferenceModel
+        except ImportError as error:
+            raise inference.framework_missing("paddle", directory) from error
 
         spec, labels = inference.read_contract(directory)
         return Model(spec, labels, InferenceModel(directory))
     if (directory / "model.onnx").is_file():
-        import onnxruntime
+        try:
+            import onnxruntime
+        except ImportError as error:
+            raise inference.InferenceError(
+                f"{directory} needs onnxruntime. HINT: run with .venv-torch/bin/python (or in "
+                "the torch image), or pip install onnxruntime"
+            ) from error
 
         spec, labels = inference.read_contract(directory)
         session = onnxruntime.InferenceSession(
