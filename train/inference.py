@@ -84,16 +84,18 @@ def run_config(model: TrainedModel, config_path: str | None = None, overrides=()
     return load_config(path, ["model.init_from=null", *overrides])
 
 
-def labels_of(config, dataset=None) -> list[str]:
+def labels_of(config) -> list[str]:
     """OCR: the dictionary's characters (class c is characters[c - 1], 0 the blank); ResNet:
-    the class names by id, from ``dataset`` or the config's training data."""
+    the class names by id, from the config's training data (as training read them)."""
     if config.task == "ocr":
         from datasets.ocr_transforms import CharDict
 
         return CharDict.from_file(config.data.char_dict, config.data.use_space_char).characters
-    if dataset is None:
-        dataset = tasks.get(config.task).open_dataset(config.data, config.data.train, train=False)
-    names = list(dataset.source.class_names)
+    dataset = tasks.get(config.task).open_dataset(config.data, config.data.train, train=False)
+    try:
+        names = list(dataset.source.class_names)
+    finally:
+        dataset.close()
     count = config.model.num_classes or len(names)
     return names[:count] + [f"class_{i}" for i in range(len(names), count)]
 
@@ -104,7 +106,7 @@ def num_classes(config, labels: list[str]) -> int:
 
 
 # ---------------------------------------------------------------- the preprocessing contract
-def contract(config, labels: list[str]) -> dict:
+def contract(config) -> dict:
     """What an exported model expects and returns, written as preprocess.json beside it."""
     task = tasks.get(config.task)
     common = {
@@ -159,7 +161,7 @@ def ocr_pad_value() -> float:
 
 def write_contract(directory: Path, config, labels: list[str]) -> list[Path]:
     """preprocess.json and the dictionary or class names, in ``directory``."""
-    spec = contract(config, labels)
+    spec = contract(config)
     names = directory / (spec.get("dictionary") or spec["classes"])
     if config.task == "ocr" and config.data.use_space_char:
         labels = labels[:-1]  # CharDict appended the space; PaddleOCR appends it itself

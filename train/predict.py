@@ -61,7 +61,7 @@ def open_model(path: str, overrides=()) -> Model:
     config = inference.run_config(trained, None, overrides)
     labels = inference.labels_of(config)
     backend = inference.load_backend(trained, config, labels)
-    spec = inference.contract(config, labels)
+    spec = inference.contract(config)
     return Model(spec, labels, lambda batch: inference.softmax(backend.infer(batch)))
 
 
