@@ -158,12 +158,11 @@ def test_onnx_export_gives_the_checkpoints_argmax(task, tmp_path, ocr_lmdb, imag
     assert [row[:2] for row in ours] == [row[:2] for row in from_checkpoint]
     assert len(ours) == 24  # both fixtures hold 24 images
     # train.evaluate on a given checkpoint and dataset: its exact match is train.predict's
-    step = run / "checkpoints" / "step-00000012"
-    evaluated = json.loads(_cli("train.evaluate", "--checkpoint", step, "--data", inputs).stdout)
-    assert evaluated["checkpoint"] == str(step) and evaluated["samples"] == 24
+    best = run / "best"
+    evaluated = json.loads(_cli("train.evaluate", "--checkpoint", best, "--data", inputs).stdout)
+    assert evaluated["checkpoint"] == str(best) and evaluated["samples"] == 24
     main = "acc" if task == "ocr" else "top1"
-    from_step = _predictions(_cli("train.predict", "--model", step, inputs).stdout)
-    assert evaluated[main] == np.mean([row[1] == row[3] for row in from_step])
+    assert evaluated[main] == np.mean([row[1] == row[3] for row in from_checkpoint])
 
 
 def test_unknown_model_path_is_a_clear_error(tmp_path):
