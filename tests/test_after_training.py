@@ -157,6 +157,17 @@ def test_onnx_export_gives_the_checkpoints_argmax(task, tmp_path, ocr_lmdb, imag
     from_checkpoint = _predictions(_cli("train.predict", "--model", run, inputs).stdout)
     assert [row[:2] for row in ours] == [row[:2] for row in from_checkpoint]
     assert len(ours) == 24  # both fixtures hold 24 images
+    if task == "ocr":  # image files and folders (searched recursively) give the same texts
+        folder = tmp_path / "lines" / "nested"
+        folder.mkdir(parents=True)
+        files = []
+        for name, data, _ in list(inference.read_inputs([str(inputs)]))[:3]:
+            suffix = "png" if data.startswith(b"\x89PNG") else "jpg"
+            files.append(folder / f"{name}.{suffix}")
+            files[-1].write_bytes(data)
+        rows = _predictions(_cli("train.predict", "--model", export, tmp_path / "lines").stdout)
+        assert [row[1] for row in rows] == [row[1] for row in ours[:3]]
+        assert [row[0] for row in rows] == [str(path) for path in files]
     # train.evaluate on a given checkpoint and dataset: its exact match is train.predict's
     best = run / "best"
     evaluated = json.loads(_cli("train.evaluate", "--checkpoint", best, "--data", inputs).stdout)
