@@ -19,9 +19,9 @@ if want and int(want) != st.f_blocks * st.f_frsize:
 PY
 
 case "$framework" in
-    paddle) default="tests/test_config.py tests/test_lmdb_ocr.py tests/test_workers.py tests/test_scripts.py"
+    paddle) default="tests/test_config.py tests/test_lmdb_ocr.py tests/test_workers.py tests/test_scripts.py tests/test_dashboards.py"
             marks="not torch and not slow" ;;
-    torch) default="tests/test_config.py tests/test_hdf5_and_folders.py tests/test_workers.py tests/test_backend_torch.py"
+    torch) default="tests/test_config.py tests/test_hdf5_and_folders.py tests/test_workers.py tests/test_backend_torch.py tests/test_dashboards.py"
            marks="not paddle and not slow" ;;
     *) echo "usage: docker/smoke.sh paddle|torch" >&2; exit 2 ;;
 esac

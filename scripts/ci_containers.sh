@@ -25,7 +25,8 @@
 #                   `docker compose run --rm doctor`, `docker compose up train-resnet50`,
 #                   `docker compose stop train-ocr` then `up` again (resumes from the SIGTERM
 #                   checkpoint), `docker compose run --rm train-ocr python -m train.evaluate`
-#                   is not here yet; and the dev service answering on 127.0.0.1
+#                   on the first run's best checkpoint; and the dev service answering on
+#                   127.0.0.1
 #  10. ppocrv4      (before the scenario paths of step 9) the released PP-OCRv4 recognizer
 #                   fetched on the host (containers have no internet), then in the Paddle image:
 #                   hard-domain lines written, the weights converted (scripts/convert_weights.py)
@@ -297,6 +298,13 @@ compose_train_ocr() {
     check "data written as uid $(quiet run --rm --no-deps --entrypoint stat train-ocr -c %u /data/ocr/charset.txt)," \
         "runs folder owned by $(stat -c %u:%g "$RUNS_DIR") on the host"
     check "ocr-paddle-smoke: $(summary_of ocr-paddle-smoke)"
+    # After training, in the same image: the run's best checkpoint on its validation set.
+    docker compose run --rm -T train-ocr python -m train.evaluate --run /runs/ocr-paddle-smoke \
+        > "$WORK/evaluate.json" || return 1
+    check "train.evaluate --run /runs/ocr-paddle-smoke: $(python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(r["checkpoint"], "acc=%.3g norm_edit_dis=%.3g samples=%d" % (r["acc"], r["norm_edit_dis"], r["samples"]))' \
+        "$WORK/evaluate.json")"
 }
 
 compose_second_scenario() {  # another scenario file, swapped by OCR_CONFIG alone (no paths)

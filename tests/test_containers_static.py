@@ -537,6 +537,30 @@ def test_dev_services(compose, compose_custom, name):
     assert compose_custom["services"][name]["environment"]["JUPYTER_TOKEN"] == "not-empty"
 
 
+@pytest.mark.parametrize(
+    "name, program, requirements",
+    [("tensorboard", "tensorboard", "torch.txt"), ("visualdl", "visualdl", "paddle.txt")],
+)
+def test_dashboard_services(compose, compose_custom, name, program, requirements):
+    """Opt-in (profile dashboard), the runs folder read-only, the port on 127.0.0.1, and the
+    program the image runs is pinned in the image's requirements."""
+    service = compose["services"][name]
+    assert service["profiles"] == ["dashboard"]
+    assert service["entrypoint"][:3] == [program, "--logdir", "/runs"]
+    (port,) = service["ports"]
+    assert port["host_ip"] == "127.0.0.1" and port["target"] == int(service["entrypoint"][-1])
+    for model, source in (
+        (compose, os.path.realpath(ROOT / "runs")),
+        (compose_custom, CUSTOM_ENV["RUNS_DIR"]),
+    ):
+        runs = mounts(model["services"][name])["/runs"]
+        assert runs["type"] == "bind" and runs["read_only"], f"{name}: {runs}"
+        assert os.path.realpath(runs["source"]) == source
+    assert compose_custom["services"][name]["user"] == "1234:5678"
+    pinned = (ROOT / "requirements" / requirements).read_text().splitlines()
+    assert any(line.startswith(f"{program}==") for line in pinned), f"pin {program}"
+
+
 def test_no_port_is_published_beyond_localhost(compose):
     for name, service in compose["services"].items():
         for port in service.get("ports", []):

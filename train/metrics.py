@@ -97,3 +97,25 @@ class TopKMetric:
         top1, top5, total = state
         total = max(total, 1.0)
         return {"top1": top1 / total, "top5": top5 / total}
+
+
+class OcrLengthAccuracy:
+    """Exact-match accuracy by label length (train.evaluate's breakdown; not reduced over
+    ranks: evaluation there runs in one process)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, list[int]] = {}  # length -> [correct, total]
+
+    def update(self, predicted: np.ndarray, labels: dict[str, np.ndarray]) -> None:
+        rows = zip(ctc_greedy_decode(predicted), labels["label"], labels["length"])
+        for decoded, label, length in rows:
+            target = [int(c) for c in label[: int(length)]]
+            counts = self.counts.setdefault(int(length), [0, 0])
+            counts[0] += decoded == target
+            counts[1] += 1
+
+    def summarize(self) -> dict[str, dict[str, float]]:
+        return {
+            str(length): {"acc": correct / total, "samples": total}
+            for length, (correct, total) in sorted(self.counts.items())
+        }

@@ -137,6 +137,7 @@ class Telemetry:
         self._scalars = scalars
         self._gpu = GpuMonitor(gpu_index if is_main else None)  # only rank 0 records it
         self._bar = None
+        self.total_steps: int | None = None  # start_progress sets it
         self._stall_windows = 0
         self.totals = {"wait_s": 0.0, "wall_s": 0.0, "samples": 0, "steps": 0}
         self._reset_window()
@@ -145,6 +146,9 @@ class Telemetry:
         self._window = {"wait_s": 0.0, "steps": 0, "start": time.perf_counter()}
 
     def start_progress(self, total_steps: int, done: int) -> None:
+        """The run's step count (for the ETA) and, on a terminal, the tqdm bar (its own ETA
+        is the time after "<")."""
+        self.total_steps = total_steps
         if self.is_main and sys.stderr.isatty():
             from tqdm import tqdm
 
@@ -192,6 +196,11 @@ class Telemetry:
             ("steps", steps),
         ):
             self.totals[key] += value
+        if self.total_steps is not None:
+            # Training steps left at the run's mean step time so far (evaluations and
+            # checkpoints not included): the log line shows it as eta=H:MM:SS.
+            step_time = self.totals["wall_s"] / max(self.totals["steps"], 1)
+            record["eta_s"] = float(max(self.total_steps - step, 0) * step_time)
         self._reset_window()
         self._check_stall(record)
         self.emit(record)
@@ -244,6 +253,9 @@ class Telemetry:
 
 
 def _fmt(key: str, value) -> str:
+    if key == "eta_s":
+        minutes, seconds = divmod(round(value), 60)
+        return f"eta={minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
     if isinstance(value, float):
         return f"{key}={value:.4g}"
     return f"{key}={value}"

@@ -187,6 +187,17 @@ class Backend(abc.ABC):
         """Restore everything save_state wrote (after build()). A file that would need
         unpickling raises train.checkpoint.UnsafeCheckpointError, and nothing in it runs."""
 
+    def infer(self, images: np.ndarray) -> np.ndarray:
+        """The model's raw float32 scores (logits) for a normalized NCHW float32 batch on the
+        host: [N, T, classes] for OCR, [N, classes] for ResNet (train.predict)."""
+        raise NotImplementedError(f"{self.name} backend cannot run inference")
+
+    def export(self, directory: Path, fmt: str, input_shape, pad: float | None) -> list[Path]:
+        """Write the model in the deployment format ``fmt`` into ``directory``: the network,
+        softmax after it, and (``pad`` not None, OCR) an input of exactly 0 read as ``pad``;
+        returns the files written (train.export)."""
+        raise NotImplementedError(f"{self.name} backend cannot export")
+
     def init_weights_from(self, path: str | Path) -> Any:
         """model.init_from, after build(): load the weights at ``path`` (train/weights.py's
         sources) whose names and shapes match the model, leave the rest at their fresh

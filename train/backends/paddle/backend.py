@@ -361,6 +361,18 @@ class PaddleBackend(Backend):
         np.random.set_state((kind, np.array(keys, np.uint32), position, has_gauss, cached))
         self.step, self.seed = int(state["step"]), int(state["seed"])
 
+    def infer(self, images: np.ndarray) -> np.ndarray:
+        self._set_training(False)
+        with paddle.no_grad():
+            scores = self.net(paddle.to_tensor(np.ascontiguousarray(images), place=self.place))
+        return scores.astype("float32").numpy()
+
+    def export(self, directory: Path, fmt: str, input_shape, pad: float | None) -> list[Path]:
+        from train.backends.paddle.export import export
+
+        self._set_training(False)
+        return export(self.net, fmt, directory, input_shape, pad)
+
     def init_weights_from(self, path: str | Path) -> weights.InitReport:
         """model.init_from (after build): load the tensors of ``path`` whose names and shapes
         are the model's; the rest keeps its fresh initialization. No optimizer state."""

@@ -342,6 +342,18 @@ class TorchBackend(Backend):
             reader = "torch.load(weights_only=True)"
             raise refuse_pickle(path, holds, reader, str(error).splitlines()[0]) from error
 
+    @torch.no_grad()
+    def infer(self, images: np.ndarray) -> np.ndarray:
+        self._set_training(False)
+        scores = self.net(torch.from_numpy(np.ascontiguousarray(images)).to(self.device))
+        return scores.float().cpu().numpy()
+
+    def export(self, directory: Path, fmt: str, input_shape, pad: float | None) -> list[Path]:
+        from train.backends.torch.export import export
+
+        self._set_training(False)
+        return export(self.net, fmt, directory, input_shape, pad)
+
     def init_weights_from(self, path: str | Path) -> weights.InitReport:
         """model.init_from (after build): load the tensors of ``path`` whose names and shapes
         are the model's; the rest keeps its fresh initialization. No optimizer state."""

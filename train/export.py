@@ -1,0 +1,89 @@
+r"""Export a trained model for use outside this repository.
+
+    python -m train.export --run runs/ocr-paddle-smoke --format paddle-inference --out export/ocr
+    python -m train.export --run runs/resnet50-torch-smoke --format onnx --out export/resnet
+
+Formats: paddle-inference (Paddle models: inference.pdmodel/.pdiparams, which PaddleOCR's
+TextRecognizer and PaddleOCR(rec_model_dir=..., rec_char_dict_path=...) load), pdparams
+(Paddle weights, paddle.load-able), onnx (torch models: model.onnx for ONNX Runtime). Beside
+the weights: preprocess.json (the preprocessing contract: image shape, channel order, resize,
+padding, normalization, output) and dict.txt (OCR) or classes.txt (ResNet). --run takes the
+run's best checkpoint, else its latest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from train.__main__ import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, one_line
+from train.evaluate import add_model_arguments
+
+FORMATS = {"paddle-inference": "paddle", "pdparams": "paddle", "onnx": "torch"}
+
+
+def export(model, config, fmt: str, out: Path) -> list[Path]:
+    """Write ``model`` (an inference.TrainedModel) as ``fmt`` with its contract into ``out``."""
+    from train import inference, tasks
+
+    if FORMATS[fmt] != model.framework:
+        formats = [name for name, framework in FORMATS.items() if framework == model.framework]
+        raise inference.InferenceError(
+            f"{model.checkpoint} is a {model.framework} model; {fmt} is for "
+            f"{FORMATS[fmt]} models. HINT: use --format {' or '.join(formats)}"
+        )
+    labels = inference.labels_of(config)
+    backend = inference.load_backend(model, config, labels)
+    out.mkdir(parents=True, exist_ok=True)
+    input_shape = tasks.get(config.task).input_shape(config.data)
+    pad = inference.ocr_pad_value() if config.task == "ocr" else None
+    files = backend.export(out, fmt, input_shape, pad)
+    files += inference.write_contract(out, config, labels)
+    spec_path = out / inference.CONTRACT_FILE
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    spec.update(format=fmt, checkpoint=str(model.checkpoint), files=[f.name for f in files])
+    spec_path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    backend.shutdown()
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m train.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--format", required=True, choices=sorted(FORMATS))
+    parser.add_argument("--out", required=True, help="directory to write the model into")
+    args = parser.parse_args(argv)
+
+    from datasets.errors import DatasetError
+    from train import inference
+    from train.__main__ import setup_logging
+    from train.checkpoint import CheckpointError
+    from train.config import ConfigError
+
+    setup_logging(None, True)
+    try:
+        model = inference.find_checkpoint(args.checkpoint or args.run)
+        config = inference.run_config(model, args.config, args.overrides)
+        files = export(model, config, args.format, Path(args.out))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    except DatasetError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_DATA
+    except (inference.InferenceError, CheckpointError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CHECKPOINT
+    for path in files:
+        print(f"{path}\t{path.stat().st_size / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

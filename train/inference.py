@@ -1,0 +1,306 @@
+"""After training, framework-free: what train.evaluate, train.export and train.predict share.
+
+- the model a path names: a checkpoint (``checkpoints/step-X``, ``best/``) or a run directory
+  (its best, else its latest), with the run's config (``config.resolved.yaml``);
+- the preprocessing contract (``preprocess.json`` beside exported weights): image shape, channel
+  order, resize, padding and normalization, the dictionary or class names; ``preprocess``
+  applies it to encoded images exactly as evaluation does (datasets/ocr_transforms.py,
+  datasets/image_transforms.py), then normalizes in float32 as the backends do on the device;
+- the decoding of a model's scores into text or labels with a score: OCR as PaddleOCR's
+  CTCLabelDecode (argmax per time step, repeats merged, blanks dropped; the score is the mean of
+  the kept steps' probabilities), ResNet the top class and its probability;
+- the inputs of train.predict: image files, folders, an OCR LMDB or an HDF5 file.
+
+The framework parts (running a checkpoint, exporting, the Paddle inference predictor) are in the
+backends; ONNX Runtime is no training framework and runs here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from datasets.ocr_transforms import PAD_VALUE
+from train import checkpoint, tasks
+
+CONTRACT_FILE = "preprocess.json"
+DICT_FILE = "dict.txt"  # OCR: one character per line, PaddleOCR's rec_char_dict_path format
+CLASSES_FILE = "classes.txt"  # ResNet: one class name per line, by class id
+RESOLVED_CONFIG = "config.resolved.yaml"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+class InferenceError(Exception):
+    """A path or a model that train.evaluate/export/predict cannot use; the message has the
+    fix after HINT:."""
+
+
+# ---------------------------------------------------------------- checkpoints and their runs
+@dataclass(frozen=True)
+class TrainedModel:
+    checkpoint: Path  # the checkpoint directory read
+    run_dir: Path  # the run it belongs to (its config.resolved.yaml)
+    framework: str
+    task: str
+
+
+def find_checkpoint(path: str | Path) -> TrainedModel:
+    """The checkpoint ``path`` names (a run directory: its best/, else its latest)."""
+    given = Path(path)
+    if (given / "trainer.json").is_file():
+        found = given
+    elif given.is_dir():
+        found = checkpoint.best_or_latest(given)
+    else:
+        raise InferenceError(f"{given} does not exist. HINT: {_CHECKPOINT_HINT}")
+    if found is None:
+        raise InferenceError(f"{given} holds no checkpoint. HINT: {_CHECKPOINT_HINT}")
+    # checkpoints/step-X -> the run is two levels up; best/ -> one.
+    run_dir = found.parent.parent if found.parent.name == "checkpoints" else found.parent
+    meta = json.loads((found / "trainer.json").read_text(encoding="utf-8"))
+    return TrainedModel(found, run_dir, meta["framework"], meta["task"])
+
+
+_CHECKPOINT_HINT = (
+    "give a run directory (its best/, else its latest checkpoint), RUN/best or "
+    "RUN/checkpoints/step-XXXXXXXX"
+)
+
+
+def run_config(model: TrainedModel, config_path: str | None = None, overrides=()):
+    """The config of the run that wrote ``model`` (or ``config_path``), with ``overrides``.
+    model.init_from is dropped: its weights are in the checkpoint, and its file may be gone."""
+    from train.config import load_config
+
+    path = Path(config_path) if config_path else model.run_dir / RESOLVED_CONFIG
+    if not path.is_file():
+        raise InferenceError(
+            f"{path} not found. HINT: pass --config with the scenario the run was trained with"
+        )
+    return load_config(path, ["model.init_from=null", *overrides])
+
+
+def labels_of(config) -> list[str]:
+    """OCR: the dictionary's characters (class c is characters[c - 1], 0 the blank); ResNet:
+    the class names by id, from the config's training data (as training read them)."""
+    if config.task == "ocr":
+        from datasets.ocr_transforms import CharDict
+
+        return CharDict.from_file(config.data.char_dict, config.data.use_space_char).characters
+    dataset = tasks.get(config.task).open_dataset(config.data, config.data.train, train=False)
+    try:
+        names = list(dataset.source.class_names)
+    finally:
+        dataset.close()
+    count = config.model.num_classes or len(names)
+    return names[:count] + [f"class_{i}" for i in range(len(names), count)]
+
+
+def num_classes(config, labels: list[str]) -> int:
+    """The model's outputs: the characters and the CTC blank (OCR), or the classes."""
+    return len(labels) + 1 if config.task == "ocr" else len(labels)
+
+
+# ---------------------------------------------------------------- the preprocessing contract
+def contract(config) -> dict:
+    """What an exported model expects and returns, written as preprocess.json beside it."""
+    task = tasks.get(config.task)
+    common = {
+        "task": config.task,
+        "model": config.model.name,
+        "framework": config.framework,
+        "normalize": "x / 255 then (x - mean) / std per channel, in the channel order below",
+        "mean": list(task.mean),
+        "std": list(task.std),
+        "layout": "NCHW float32",
+    }
+    if config.task == "ocr":
+        channels, height, width = config.data.image_shape
+        return {
+            **common,
+            "image_shape": [channels, height, width],
+            "channel_order": "BGR (OpenCV's imread)",
+            "resize": (
+                f"to height {height} keeping the aspect ratio: width ceil({height} * w / h), "
+                f"at most {width}, bilinear (cv2.INTER_LINEAR) on the uint8 image"
+            ),
+            "pad": (
+                f"on the right to width {width}: uint8 {PAD_VALUE} before normalization "
+                f"({ocr_pad_value():.6f} after, as in training), or 0 after normalization as "
+                "PaddleOCR's resize_norm_img pads; the exported model reads an input of exactly "
+                "0 as that padding (no pixel normalizes to exactly 0)"
+            ),
+            "dictionary": DICT_FILE,
+            "use_space_char": config.data.use_space_char,
+            "output": "[N, T, 1 + characters] softmax probabilities; class 0 is the CTC blank",
+            "decode": "argmax per step, merge repeats, drop blanks (PaddleOCR CTCLabelDecode)",
+        }
+    return {
+        **common,
+        "image_size": config.data.image_size,
+        "eval_resize": config.data.eval_resize,
+        "channel_order": "RGB",
+        "resize": (
+            f"short side to {config.data.eval_resize}, then a center crop of "
+            f"{config.data.image_size} x {config.data.image_size} (bilinear)"
+        ),
+        "classes": CLASSES_FILE,
+        "output": "[N, classes] softmax probabilities",
+    }
+
+
+def ocr_pad_value() -> float:
+    """The padding of an OCR line after normalization: PAD_VALUE (uint8) normalized."""
+    scale, shift = tasks.OCR.pixel_scale_shift()
+    return float(np.float32(PAD_VALUE) * scale.ravel()[0] + shift.ravel()[0])
+
+
+def write_contract(directory: Path, config, labels: list[str]) -> list[Path]:
+    """preprocess.json and the dictionary or class names, in ``directory``."""
+    spec = contract(config)
+    names = directory / (spec.get("dictionary") or spec["classes"])
+    if config.task == "ocr" and config.data.use_space_char:
+        labels = labels[:-1]  # CharDict appended the space; PaddleOCR appends it itself
+    names.write_text("".join(f"{label}\n" for label in labels), encoding="utf-8")
+    path = directory / CONTRACT_FILE
+    path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    return [path, names]
+
+
+def read_contract(directory: Path) -> tuple[dict, list[str]]:
+    """An exported model's contract and its labels (the dictionary: without the CTC blank)."""
+    path = Path(directory) / CONTRACT_FILE
+    if not path.is_file():
+        raise InferenceError(
+            f"{directory} has no {CONTRACT_FILE}. HINT: export with python -m train.export, "
+            "which writes it beside the weights"
+        )
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    names_file = Path(directory) / (spec.get("dictionary") or spec["classes"])
+    labels = [line.rstrip("\r") for line in names_file.read_text(encoding="utf-8").split("\n")]
+    labels = [label for label in labels if label]
+    if spec["task"] == "ocr" and spec["use_space_char"]:
+        labels.append(" ")
+    return spec, labels
+
+
+def preprocess(spec: dict, encoded: list[bytes]) -> np.ndarray:
+    """Encoded images -> the model's float32 NCHW batch, as evaluation builds it."""
+    task = tasks.get(spec["task"])
+    if spec["task"] == "ocr":
+        from datasets.decode import decode_bgr
+        from datasets.ocr_transforms import resize_and_pad
+
+        shape = tuple(spec["image_shape"])
+        images = [resize_and_pad(decode_bgr(data), shape)[0] for data in encoded]
+    else:
+        from datasets.image_transforms import eval_transform
+
+        size, resize = spec["image_size"], spec["eval_resize"]
+        images = [eval_transform(data, size, resize) for data in encoded]
+    batch = np.stack(images).transpose(0, 3, 1, 2).astype(np.float32)
+    scale, shift = task.pixel_scale_shift()
+    return batch * scale + shift
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - scores.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def decode(task: str, probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:
+    """(text or label, score) per row of a batch of probabilities."""
+    results = []
+    if task == "ocr":
+        classes, best = probabilities.argmax(axis=2), probabilities.max(axis=2)
+        for row, probs in zip(classes, best):
+            keep = np.ones(len(row), dtype=bool)
+            keep[1:] = row[1:] != row[:-1]
+            keep &= row != 0
+            text = "".join(labels[c - 1] for c in row[keep])
+            results.append((text, float(probs[keep].mean()) if keep.any() else 0.0))
+        return results
+    for probs in probabilities:
+        top = int(probs.argmax())
+        results.append((labels[top], float(probs[top])))
+    return results
+
+
+# ---------------------------------------------------------------- inputs of train.predict
+def read_inputs(paths: list[str]) -> Iterator[tuple[str, bytes, object]]:
+    """(name, encoded image, label or None) for each image of ``paths``: image files, folders
+    (searched recursively), an OCR LMDB (a folder with data.mdb) or an HDF5 file of images."""
+    for given in map(Path, paths):
+        if given.is_dir() and any(given.rglob("data.mdb")):
+            from datasets.lmdb_ocr import LmdbOcrSource
+
+            yield from _records(LmdbOcrSource(given))
+        elif given.is_dir():
+            files = sorted(p for p in given.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            yield from ((str(p), p.read_bytes(), None) for p in files)
+        elif given.suffix.lower() in (".h5", ".hdf5"):
+            from datasets.hdf5_images import Hdf5ImageSource
+
+            yield from _records(Hdf5ImageSource(given))
+        elif given.is_file():
+            yield str(given), given.read_bytes(), None
+        else:
+            raise InferenceError(
+                f"{given} does not exist. HINT: give image files, folders of images, an OCR "
+                "LMDB folder or an HDF5 file"
+            )
+
+
+def _records(source) -> Iterator[tuple[str, bytes, object]]:
+    try:
+        for index in range(len(source)):
+            data, label = source.read(index)
+            yield source.key(index), data, label
+    finally:
+        source.close()
+
+
+def batched(items, size: int) -> Iterator[list]:
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def framework_missing(framework: str, path: Path) -> InferenceError:
+    """The error for a model whose framework this Python environment lacks."""
+    return InferenceError(
+        f"{path} needs {framework}, which this Python environment lacks. HINT: run with "
+        f".venv-{framework}/bin/python (or in the {framework} image)"
+    )
+
+
+def load_backend(model: TrainedModel, config, labels: list[str]):
+    """A backend (config.framework's) holding the checkpoint's model, ready for predict() and
+    infer(): built as training built it, then the checkpoint's state loaded."""
+    from train.backends import make_backend
+
+    if config.framework != model.framework:
+        raise InferenceError(
+            f"{model.checkpoint} was trained with {model.framework}, the config says "
+            f"{config.framework}. HINT: run with the {model.framework} environment and config"
+        )
+    try:
+        backend = make_backend(config)
+    except ImportError as error:
+        raise framework_missing(config.framework, model.checkpoint) from error
+    backend.init_distributed()
+    backend.seed_everything(config.seed, config.deterministic)
+    input_shape = tasks.get(config.task).input_shape(config.data)
+    backend.build(config.model, config.optim, input_shape, num_classes(config, labels), 1)
+    backend.load_state(model.checkpoint)
+    return backend
