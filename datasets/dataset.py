@@ -24,7 +24,7 @@ from datasets.bad_samples import BadSampleLog, read_bad_keys
 from datasets.cache import SharedRecordCache
 from datasets.errors import BadSampleError, DatasetError, TooManyBadSamplesError
 from datasets.handles import die_with_parent
-from datasets.in_flight import InFlightTable
+from datasets.in_flight import RAISED, RAISED_DATA_ERROR, InFlightTable
 from datasets.ocr_transforms import CharDict, augment_text_line, resize_and_pad
 
 if TYPE_CHECKING:
@@ -124,8 +124,8 @@ class RecordDataset:
             # Substitute with the next record: deterministic, keeps the batch size.
             index = self._source_index((position + attempt) % len(self))
             self.in_flight.start(index)
-            faults.maybe_inject(index)
             try:
+                faults.maybe_inject(index)
                 data, label = self._read(index)
                 sample = self.transform(data, label, SampleRng((self.seed, epoch, index)))
                 self.in_flight.done()
@@ -139,6 +139,15 @@ class RecordDataset:
                     error,
                     counted=attempt == 0,
                 )
+            except BaseException as error:
+                # Left in the table, marked: the trainer then reports what raised on which
+                # sample, not a dead worker (the loader re-raises this in the trainer, where
+                # Paddle keeps only its text and torch may change its type).
+                data_error = isinstance(error, (DatasetError, TooManyBadSamplesError))
+                self.in_flight.raised(data_error)
+                raise
+        self.in_flight.start(self._source_index(position))
+        self.in_flight.raised(data_error=True)
         raise TooManyBadSamplesError(
             f"{self.max_substitutions + 1} consecutive bad records from position {position} "
             f"({self.source.key(self._source_index(position))}). HINT: run "
@@ -148,16 +157,29 @@ class RecordDataset:
     def start_epoch(self, epoch: int) -> None:
         self.bad_log.start_epoch(epoch)
 
-    def describe_in_flight(self) -> list[str]:
-        """One line per worker that is busy on a sample: dead ones first (they crashed on it)."""
-        lines = []
-        for pid, index, seconds, alive in sorted(self.in_flight.busy(), key=lambda r: r[3]):
-            state = f"running for {seconds:.0f}s on" if alive else "died while reading"
-            lines.append(
-                f"worker pid {pid} {state} sample #{index} (key "
-                f"{self.source.key(index)}, file {self.source.source_of(index)})"
-            )
-        return lines
+    def describe_in_flight(self, hung_after_s: float | None = None) -> dict[str, list[str]]:
+        """The samples processes were on when a loader failed, one line each, by what happened:
+        ``died`` (the process is gone: it crashed on the sample), ``hung`` (still reading it
+        after ``hung_after_s``), ``raised_data_error`` / ``raised`` (its code raised on it). A
+        worker still reading for less than ``hung_after_s`` is innocent and left out."""
+        found: dict[str, list[str]] = {
+            "died": [],
+            "hung": [],
+            "raised_data_error": [],
+            "raised": [],
+        }
+        for pid, index, seconds, alive, state in self.in_flight.rows():
+            key, file = self.source.key(index), self.source.source_of(index)
+            where = f"sample #{index} (key {key}, file {file})"
+            if state == RAISED_DATA_ERROR:
+                found["raised_data_error"].append(f"process pid {pid} raised on {where}")
+            elif state == RAISED:
+                found["raised"].append(f"process pid {pid} raised on {where}")
+            elif not alive:
+                found["died"].append(f"worker pid {pid} died while reading {where}")
+            elif hung_after_s is not None and seconds >= hung_after_s:
+                found["hung"].append(f"worker pid {pid} running for {seconds:.0f}s on {where}")
+        return found
 
     def close(self) -> None:
         self.source.close()

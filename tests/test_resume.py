@@ -31,8 +31,8 @@ SETTINGS = [
 ]
 
 
-def final_weights(run_dir: Path, framework: str) -> dict[str, np.ndarray]:
-    final = run_dir / "checkpoints" / f"step-{STEPS:08d}"
+def final_weights(run_dir: Path, framework: str, step: int = STEPS) -> dict[str, np.ndarray]:
+    final = run_dir / "checkpoints" / f"step-{step:08d}"
     if framework == "torch":
         import torch
 

@@ -28,8 +28,7 @@ class Position:
     epoch_samples: int = 0  # this rank's samples consumed in the current epoch
 
 
-class CheckpointError(Exception):
-    pass
+from train.errors import CheckpointError  # noqa: E402  (raised here; main maps it to exit 4)
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError, ValueError):

@@ -5,6 +5,7 @@ python -m train --config configs/ocr/smoke.yaml
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -14,8 +15,9 @@ from pathlib import Path
 
 from datasets.errors import DatasetError
 from datasets.sampler import EpochSampler
-from train import checkpoint, tasks
+from train import checkpoint, faults, tasks
 from train.data import RunData
+from train.errors import NonFiniteLossError, OutOfMemoryError
 from train.telemetry import Telemetry
 
 log = logging.getLogger("train")
@@ -24,13 +26,35 @@ log = logging.getLogger("train")
 class StopRequested(Exception):
     """SIGTERM/SIGINT arrived; the loop saved a checkpoint and stopped."""
 
+    def __init__(self, message: str, signal_name: str) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
 
-def evaluate(backend, loader, task: str) -> dict[str, float]:
-    """One pass over the validation loader; the task's metric, summed over ranks."""
+
+def evaluate(backend, loader, task: str, interrupted=lambda: False) -> dict[str, float] | None:
+    """One pass over the validation loader; the task's metric, summed over ranks. None when
+    ``interrupted()`` turned true between two batches (a stop request: the pass is dropped, so
+    that the checkpoint lands within the stop budget instead of after the whole pass)."""
     metric = tasks.get(task).metric()
     for batch in backend.device_batches(loader):
-        metric.update(backend.predict(batch), backend.batch_labels(batch))
+        if interrupted():
+            return None
+        with out_of_memory_named(backend, "evaluation"):
+            metric.update(backend.predict(batch), backend.batch_labels(batch))
     return metric.summarize(backend.all_reduce_sum(metric.state()))
+
+
+@contextlib.contextmanager
+def out_of_memory_named(backend, where: str):
+    """The framework's out-of-memory exception as OutOfMemoryError (exit 9), with the fix."""
+    try:
+        yield
+    except backend.out_of_memory_errors as exc:
+        raise OutOfMemoryError(
+            f"out of memory in {where} on {backend.device_name}: {str(exc).splitlines()[0]}. "
+            "HINT: lower loader.batch_size, use train.amp (bf16/fp16) on a GPU, or a smaller "
+            "model.name; check that no other process holds the GPU's memory (nvidia-smi)"
+        ) from exc
 
 
 def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, workers: int) -> dict:
@@ -110,6 +134,7 @@ class Run:
         )
         self.stop_flag = _install_stop_handler()
         self.stopping = False
+        self.nonfinite_in_a_row = 0  # steps in a row whose loss was NaN/Inf (train.nonfinite)
         self.loss = None
         self.last_eval: dict[str, float] = {}
         self.saved_at = self.evaluated_at = None  # the steps of the last checkpoint, evaluation
@@ -122,10 +147,12 @@ class Run:
         self.sampler.set_epoch(position.epoch, start=position.epoch_samples)
         self.data.train.start_epoch(position.epoch)
         for batch in self.telemetry.timed(backend.device_batches(self.loader)):
-            with backend.profile_range("train_step"):
+            with backend.profile_range("train_step"), out_of_memory_named(backend, "a train step"):
+                batch = faults.before_step(position.step + 1, batch, backend)
                 self.loss = backend.train_step(batch)
             position.step += 1
             position.epoch_samples += self.batch_size
+            self.check_finite()
             self.telemetry.step_done(position.step)
             if position.step % every.log_every == 0:
                 bad = sum(self.data.train.bad_log.epoch_counts().values())
@@ -144,6 +171,43 @@ class Run:
                 # The last step may also have been the epoch's last batch.
                 return self.sampler.per_rank - position.epoch_samples < self.batch_size
         return True
+
+    def check_finite(self) -> None:
+        """train.nonfinite: the step just done had a NaN/Inf loss (its update was skipped by
+        the backend, on every rank): abort, or go on until too many in a row."""
+        if not self.backend.nonfinite_step:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        position, policy = self.position, self.train_cfg
+        where = (
+            f"step {position.step} (epoch {position.epoch}, the batch of this rank's samples "
+            f"{position.epoch_samples - self.batch_size}..{position.epoch_samples - 1} in the "
+            f"epoch's order, seed {self.config.seed})"
+        )
+        if policy.nonfinite == "skip" and self.nonfinite_in_a_row <= policy.nonfinite_max_skips:
+            log.warning(
+                "non-finite loss or gradients at %s: update skipped (%d in a row, train.nonfinite_max_skips "
+                "%d)",
+                where,
+                self.nonfinite_in_a_row,
+                policy.nonfinite_max_skips,
+            )
+            return
+        problem = (
+            f"the loss or its gradients were not finite (loss {self.backend.to_float(self.loss)}) "
+            f"at {where}"
+            if policy.nonfinite == "abort"
+            else f"{self.nonfinite_in_a_row} steps in a row with a non-finite loss or gradients, the "
+            f"last at {where}"
+        )
+        saved = checkpoint.latest(self.run_dir)
+        raise NonFiniteLossError(
+            f"{problem}; the weights were not updated by it, nor checkpointed (latest "
+            f"checkpoint: {saved}). HINT: lower optim.lr or raise optim.warmup_steps, set "
+            "optim.grad_clip, check that batch with scripts/validate_data.py; "
+            "train.nonfinite: skip steps over rare bad batches"
+        )
 
     def end_epoch(self) -> None:
         """The epoch's record (bad samples by kind); then, while the run goes on, the epoch's
@@ -170,7 +234,16 @@ class Run:
 
     def evaluate(self) -> None:
         if self.val_loader is not None:
-            self.last_eval = evaluate(self.backend, self.val_loader, self.config.task)
+            # One rank alone cannot drop its pass: the others would wait in its all-reduce.
+            alone = self.dist.world_size == 1
+            interrupted = (lambda: self.stop_flag.requested) if alone else (lambda: False)
+            result = evaluate(self.backend, self.val_loader, self.config.task, interrupted)
+            if result is None:
+                log.warning(
+                    "evaluation at step %d interrupted by the stop request", self.position.step
+                )
+                return
+            self.last_eval = result
             position = self.position
             record = {"type": "eval", "step": position.step, "epoch": position.epoch}
             self.telemetry.emit({**record, **self.last_eval})
@@ -198,7 +271,9 @@ class Run:
         # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         by = self.stop_flag.signal_name or "another rank's stop signal"
-        raise StopRequested(f"stopped by {by} at step {self.position.step}")
+        raise StopRequested(
+            f"stopped by {by} at step {self.position.step}", self.stop_flag.signal_name
+        )
 
     def finish(self) -> dict:
         """Close the telemetry; the run's summary."""

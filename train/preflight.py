@@ -42,8 +42,7 @@ SHM_FIX = (
 )
 
 
-class ShmTooSmallError(Exception):
-    pass
+from train.errors import ShmTooSmallError  # noqa: E402  (raised here; exit 5)
 
 
 def sample_bytes(config, sample: dict | None = None) -> int:

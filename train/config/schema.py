@@ -130,6 +130,11 @@ class TrainConfig:
     device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: a GPU when there is one
     checkpoint_every: PositiveInt | None = None  # steps; None: at the end of each epoch
     keep_last: PositiveInt = 3  # checkpoints kept
+    # A step whose loss is NaN/Inf (on any rank) never updates the weights. abort: the run stops
+    # there (exit 8), naming the step and batch; skip: it goes on with the next batch, and stops
+    # after nonfinite_max_skips such steps in a row.
+    nonfinite: Literal["abort", "skip"] = "abort"
+    nonfinite_max_skips: PositiveInt = 10
     stall_warn_fraction: Fraction = 0.3  # warn when steps wait on data longer than this share
     # Seconds a rank waits for the others, at the start (rendezvous, NCCL setup) and in every
     # collective, before the run fails. Every rank stages s3:// data before it joins, so one
