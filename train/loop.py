@@ -187,8 +187,8 @@ class Run:
         )
         if policy.nonfinite == "skip" and self.nonfinite_in_a_row <= policy.nonfinite_max_skips:
             log.warning(
-                "non-finite loss or gradients at %s: update skipped (%d in a row, train.nonfinite_max_skips "
-                "%d)",
+                "non-finite loss or gradients at %s: update skipped (%d in a row, "
+                "train.nonfinite_max_skips %d)",
                 where,
                 self.nonfinite_in_a_row,
                 policy.nonfinite_max_skips,
@@ -198,8 +198,8 @@ class Run:
             f"the loss or its gradients were not finite (loss {self.backend.to_float(self.loss)}) "
             f"at {where}"
             if policy.nonfinite == "abort"
-            else f"{self.nonfinite_in_a_row} steps in a row with a non-finite loss or gradients, the "
-            f"last at {where}"
+            else f"{self.nonfinite_in_a_row} steps in a row with a non-finite loss or "
+            f"gradients, the last at {where}"
         )
         saved = checkpoint.latest(self.run_dir)
         raise NonFiniteLossError(
