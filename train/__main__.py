@@ -152,7 +152,7 @@ def setup_logging(run_dir: Path | None, is_main: bool) -> None:
 
 
 def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
-    from train import checkpoint
+    from train import checkpoint, run_lock
 
     if checkpoint.latest(run_dir) is not None and not (
         args.resume or args.auto_resume or args.overwrite
@@ -162,7 +162,13 @@ def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
             "--overwrite to start over, or --output-dir for a new run"
         )
     if args.overwrite and is_main and run_dir.exists():
-        shutil.rmtree(run_dir)
+        for path in run_dir.iterdir():
+            if path.name == run_lock.LOCK_NAME:
+                continue  # ours, held: deleting it would let another run lock a new one
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -183,6 +189,7 @@ class Held:
     backend = None
     data = None
     config = None
+    lock = None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             held.data.close()
         if held.backend is not None:
             held.backend.shutdown()
+        if held.lock is not None:
+            held.lock.release()
 
 
 def run(args, held: Held) -> int:
@@ -221,8 +230,12 @@ def run(args, held: Held) -> int:
     from train.config import load_config, save_resolved
     from train.cpus import resolve_num_workers
     from train.data import build_run_data, stage_remote
+    from train.run_lock import RunLock
 
     config = held.config = load_config(args.config, args.overrides)
+    run_dir = Path(args.output_dir or config.output.dir)
+    if launcher_rank(config.framework) == 0:  # the only rank that writes the run directory
+        held.lock = RunLock(run_dir).acquire()  # first: a second run fails before any work
     # Remote (s3://) data is staged before the backend imports its framework: a framework's
     # bundled zlib (Paddle's) could break the S3 client's compression otherwise.
     setup_logging(None, launcher_rank(config.framework) == 0)
@@ -230,7 +243,6 @@ def run(args, held: Held) -> int:
     backend = make_backend(config)
     dist = backend.init_distributed()
     held.backend = backend
-    run_dir = Path(args.output_dir or config.output.dir)
     setup_logging(None, dist.is_main)
     prepare_run_dir(run_dir, args, dist.is_main)
     backend.barrier()

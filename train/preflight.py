@@ -28,8 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.cache import MEMORY_FILE
 from datasets.handles import process_alive
 from train import tasks
+from train.errors import ShmTooSmallError
 
 log = logging.getLogger("train")
 
@@ -40,9 +42,6 @@ SHM_FIX = (
     "/dev/shm; or lower loader.prefetch_factor / loader.num_workers; or set "
     "shm.policy: adapt"
 )
-
-
-from train.errors import ShmTooSmallError  # noqa: E402  (raised here; exit 5)
 
 
 def sample_bytes(config, sample: dict | None = None) -> int:
@@ -132,7 +131,9 @@ def stale_batches(
 ) -> StaleBatches:
     """Paddle batch files whose creator process is gone and that are older than
     ``older_than_s``: no process will ever take them. Both conditions, so that a batch in
-    flight (young) and Paddle's reusable shm-cache buffers (creator alive) are never listed."""
+    flight (young) and Paddle's reusable shm-cache buffers (creator alive) are never listed.
+    Also data.cache: memory's files (datasets/cache.py) whose creating trainer is gone, at any
+    age: only that trainer's loaders read one, so nothing reads it any more."""
     now = time.time() if now is None else now
     stale = StaleBatches({})
     try:
@@ -140,14 +141,16 @@ def stale_batches(
     except OSError:
         return stale
     for entry in entries:
-        match = _PADDLE_BATCH_FILE.fullmatch(entry.name)
-        if not match:
+        batch = _PADDLE_BATCH_FILE.fullmatch(entry.name)
+        cache = MEMORY_FILE.fullmatch(entry.name)
+        if not (batch or cache):
             continue
         try:
             stat = entry.stat(follow_symlinks=False)
         except OSError:
             continue  # taken meanwhile
-        if now - stat.st_mtime >= older_than_s and not process_alive(int(match.group(1))):
+        old_enough = cache is not None or now - stat.st_mtime >= older_than_s
+        if old_enough and not process_alive(int((batch or cache).group(1))):
             stale.sizes[Path(entry.path)] = stat.st_size
     return stale
 
@@ -163,8 +166,8 @@ def remove_stale_batches(path: str = SHM_PATH, older_than_s: float = STALE_AFTER
         removed, freed = removed + 1, freed + size
     if removed:
         log.warning(
-            "%s: removed %d batch file(s), %s, left by Paddle processes that died before "
-            "their batches were taken",
+            "%s: removed %d file(s), %s, left by processes that died without removing them "
+            "(Paddle's batch files, data.cache: memory)",
             path,
             removed,
             _mb(freed),
