@@ -7,6 +7,10 @@ kill it: ``segv`` (SIGSEGV), ``kill`` (SIGKILL, as the OOM killer does), ``exit`
 or ``hang`` (sleep forever); ``raise`` makes the sample's code raise a RuntimeError, as a bug in
 a transform would (the worker stays alive). Unset, it costs one dictionary lookup per process.
 
+    DATA_INJECT_FAULT=slow@200
+
+makes every sample take 200 ms more to read, as slow storage would (a long evaluation pass).
+
     DATA_INJECT_FAULT=startdelay@3
 
 makes every loader worker sleep 3 s as it starts, before it binds itself to the trainer's
@@ -41,6 +45,9 @@ def delay_start() -> None:
 
 def maybe_inject(index: int) -> None:
     fault = _fault()
+    if fault is not None and fault[0] == "slow":
+        time.sleep(fault[1] / 1000)
+        return
     if fault is None or fault[0] == "startdelay" or fault[1] != index:
         return
     kind = fault[0]
@@ -57,5 +64,5 @@ def maybe_inject(index: int) -> None:
             time.sleep(60)
     else:
         raise ValueError(
-            f"{ENV}={kind}@{index}: kind must be segv, kill, exit, hang, raise or startdelay"
+            f"{ENV}={kind}@{index}: kind must be segv, kill, exit, hang, raise, slow or startdelay"
         )

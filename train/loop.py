@@ -9,7 +9,9 @@ import contextlib
 import logging
 import math
 import os
+import queue
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -31,17 +33,89 @@ class StopRequested(Exception):
         self.signal_name = signal_name
 
 
-def evaluate(backend, loader, task: str, interrupted=lambda: False) -> dict[str, float] | None:
-    """One pass over the validation loader; the task's metric, summed over ranks. None when
-    ``interrupted()`` turned true between two batches (a stop request: the pass is dropped, so
-    that the checkpoint lands within the stop budget instead of after the whole pass)."""
+class EvaluationInterrupted(Exception):
+    """A stop request arrived during an evaluation pass (one rank alone): the pass is dropped
+    so that the checkpoint lands within the stop budget instead of after the whole pass, which
+    may take longer than a container's grace period."""
+
+
+def evaluate(backend, loader, task: str, stop_flag: _StopFlag | None = None) -> dict[str, float]:
+    """One pass over the validation loader; the task's metric, summed over ranks. With a
+    ``stop_flag``, a stop request ends the pass within 0.1 s, even while it waits for a batch
+    (EvaluationInterrupted, which carries the loader's batches to close after the checkpoint:
+    see StopAwareBatches)."""
     metric = tasks.get(task).metric()
-    for batch in backend.device_batches(loader):
-        if interrupted():
-            return None
-        with out_of_memory_named(backend, "evaluation"):
-            metric.update(backend.predict(batch), backend.batch_labels(batch))
+    host_batches = loader if stop_flag is None else StopAwareBatches(loader, stop_flag)
+    try:
+        for batch in backend.device_batches(host_batches):
+            with out_of_memory_named(backend, "evaluation"):
+                metric.update(backend.predict(batch), backend.batch_labels(batch))
+    except EvaluationInterrupted as interrupted:
+        interrupted.batches = host_batches
+        raise
     return metric.summarize(backend.all_reduce_sum(metric.state()))
+
+
+_END = object()
+
+
+class StopAwareBatches:
+    """The host batches of ``loader``, taken from it by a helper thread, so that the trainer
+    waits for each in 0.1 s slices and checks the stop flag in between: a stop request ends the
+    wait at once (EvaluationInterrupted) instead of after the batch, which on slow storage takes
+    seconds. The loader is opened in the calling thread (the loaders start their workers and
+    signal handlers there) and closed by close(): closing waits for the workers to finish their
+    batches, so the stop closes it after its checkpoint."""
+
+    def __init__(self, loader, stop_flag: _StopFlag) -> None:
+        self.loader, self.stop_flag = loader, stop_flag
+        self.device_prefetch = getattr(loader, "device_prefetch", True)  # torch's knob
+        self._handoff: queue.Queue = queue.Queue(maxsize=1)
+        self._closed = threading.Event()
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        helper = threading.Thread(target=self._take, args=(batches,), daemon=True)
+        helper.name = "evaluation-batches"
+        helper.start()
+        while True:
+            try:
+                batch, error = self._handoff.get(timeout=0.1)
+            except queue.Empty:
+                if self.stop_flag.requested:
+                    raise EvaluationInterrupted from None
+                continue
+            if error is not None:
+                raise error  # the loader's own failure (a dead worker...), classified by main
+            if batch is _END:
+                return
+            yield batch
+
+    def _take(self, batches) -> None:
+        try:
+            for batch in batches:
+                if not self._offer((batch, None)):
+                    break
+            else:
+                self._offer((_END, None))
+        except BaseException as error:
+            self._offer((_END, error))
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:  # a generator (Paddle's): its finally ends the workers
+                close()
+
+    def _offer(self, item: tuple) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        self._closed.set()
 
 
 @contextlib.contextmanager
@@ -67,6 +141,8 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
             run.stop()  # a checkpoint, then StopRequested
         if epoch_ended:
             run.end_epoch()
+            if run.dist.world_size == 1 and run.stop_flag.requested:
+                run.stop()  # arrived during the epoch's evaluation or checkpoint
     run.evaluate_and_save()  # unless this step's are done already
     return run.finish()
 
@@ -134,7 +210,9 @@ class Run:
         )
         self.stop_flag = _install_stop_handler()
         self.stopping = False
+        self.interrupted_batches = None  # an evaluation loader left open by a stop request
         self.nonfinite_in_a_row = 0  # steps in a row whose loss was NaN/Inf (train.nonfinite)
+        self.interrupted_batches = None  # an evaluation loader left open by a stop request
         self.loss = None
         self.last_eval: dict[str, float] = {}
         self.saved_at = self.evaluated_at = None  # the steps of the last checkpoint, evaluation
@@ -234,13 +312,21 @@ class Run:
 
     def evaluate(self) -> None:
         if self.val_loader is not None:
-            # One rank alone cannot drop its pass: the others would wait in its all-reduce.
-            alone = self.dist.world_size == 1
-            interrupted = (lambda: self.stop_flag.requested) if alone else (lambda: False)
-            result = evaluate(self.backend, self.val_loader, self.config.task, interrupted)
+            log.info("evaluating at step %d", self.position.step)
+            started = time.monotonic()
+            # A stop request ends the pass at once. Not with several ranks: one alone dropping
+            # its pass would leave the others waiting in its all-reduce.
+            stop_flag = self.stop_flag if self.dist.world_size == 1 else None
+            try:
+                result = evaluate(self.backend, self.val_loader, self.config.task, stop_flag)
+            except EvaluationInterrupted as interrupted:
+                self.interrupted_batches = interrupted.batches
+                result = None
             if result is None:
                 log.warning(
-                    "evaluation at step %d interrupted by the stop request", self.position.step
+                    "evaluation at step %d interrupted by the stop request after %.1f s",
+                    self.position.step,
+                    time.monotonic() - started,
                 )
                 return
             self.last_eval = result
@@ -270,6 +356,8 @@ class Run:
         # launcher's burst. Python puts the default action back while the interpreter exits,
         # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.interrupted_batches is not None:  # now the loader may take its time to close
+            self.interrupted_batches.close()
         by = self.stop_flag.signal_name or "another rank's stop signal"
         raise StopRequested(
             f"stopped by {by} at step {self.position.step}", self.stop_flag.signal_name
