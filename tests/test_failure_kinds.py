@@ -103,3 +103,16 @@ def test_too_many_nonfinite_losses_in_a_row_abort(tmp_path, image_h5):
     )
     assert checkpoint_steps(run_dir) == [2, 4]
     assert_finite(run_dir, "torch", 4)
+
+
+@pytest.mark.torch
+def test_batch_larger_than_the_dataset_is_a_data_error(tmp_path, ocr_lmdb, image_h5):
+    """docs/reliability.md cited this before any test had it."""
+    result = run(
+        "resnet50", "torch", tmp_path / "run", (ocr_lmdb, image_h5), {}, ["loader.batch_size=32"]
+    )
+    assert result.returncode == 3, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert "loader.batch_size 32 is larger than this rank's 24 samples" in errors[0]
+    assert "HINT: lower loader.batch_size" in errors[0] and "Traceback" not in result.stderr
