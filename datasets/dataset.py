@@ -199,15 +199,17 @@ class OcrTransform:
         image_shape=(3, 48, 320),
         max_text_length: int = 25,
         augment: bool = False,
+        max_pixels: int | None = decode.MAX_IMAGE_PIXELS,
     ) -> None:
         self.char_dict = char_dict
+        self.max_pixels = max_pixels
         self.image_shape = tuple(image_shape)
         self.max_text_length = max_text_length
         self.augment = augment
 
     def __call__(self, data: bytes, label, rng: np.random.Generator) -> Sample:
         encoded, length = self.char_dict.encode(str(label), self.max_text_length)  # cheap first
-        image = decode.decode_bgr(data)
+        image = decode.decode_bgr(data, self.max_pixels)
         if self.augment:
             image = augment_text_line(image, rng)
         image, _ = resize_and_pad(image, self.image_shape)
@@ -217,8 +219,16 @@ class OcrTransform:
 class ImageClassTransform:
     """(image bytes, class) -> {"image": uint8 HxWx3 RGB, "label": int64}."""
 
-    def __init__(self, num_classes: int, train: bool, size: int = 224, eval_resize: int = 256):
+    def __init__(
+        self,
+        num_classes: int,
+        train: bool,
+        size: int = 224,
+        eval_resize: int = 256,
+        max_pixels: int | None = decode.MAX_IMAGE_PIXELS,
+    ):
         self.num_classes = num_classes
+        self.max_pixels = max_pixels
         self.train = train
         self.size = size
         self.eval_resize = eval_resize
@@ -227,9 +237,11 @@ class ImageClassTransform:
         if not 0 <= int(label) < self.num_classes:
             raise BadSampleError("bad_label", f"class {label} outside 0..{self.num_classes - 1}")
         if self.train:
-            image = image_transforms.train_transform(data, rng, self.size)
+            image = image_transforms.train_transform(data, rng, self.size, self.max_pixels)
         else:
-            image = image_transforms.eval_transform(data, self.size, self.eval_resize)
+            image = image_transforms.eval_transform(
+                data, self.size, self.eval_resize, self.max_pixels
+            )
         return {"image": image, "label": np.int64(label)}
 
 
@@ -284,12 +296,15 @@ def build_ocr_dataset(
     image_shape=(3, 48, 320),
     max_text_length: int = 25,
     augment: bool = True,
+    max_image_pixels: int | None = decode.MAX_IMAGE_PIXELS,
     **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
     from datasets.lmdb_ocr import LmdbOcrSource
 
     source = LmdbOcrSource(path)
-    transform = OcrTransform(char_dict, image_shape, max_text_length, augment and train)
+    transform = OcrTransform(
+        char_dict, image_shape, max_text_length, augment and train, max_image_pixels
+    )
     return _record_dataset(source, transform, path, seed, **policy)
 
 
@@ -300,11 +315,14 @@ def build_image_dataset(
     seed: int = 0,
     image_size: int = 224,
     eval_resize: int = 256,
+    max_image_pixels: int | None = decode.MAX_IMAGE_PIXELS,
     **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
     from datasets.hdf5_images import Hdf5ImageSource
     from datasets.image_folder import ImageFolderSource
 
     source = ImageFolderSource(path) if Path(path).is_dir() else Hdf5ImageSource(path)
-    transform = ImageClassTransform(len(source.class_names), train, image_size, eval_resize)
+    transform = ImageClassTransform(
+        len(source.class_names), train, image_size, eval_resize, max_image_pixels
+    )
     return _record_dataset(source, transform, path, seed, **policy)

@@ -204,8 +204,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130 if exc.signal_name == "SIGINT" else 143
     except Exception as exc:
         code = errors.exit_code(exc)
+        if code == errors.EXIT_CONFIG:
+            print(exc, file=sys.stderr)
+            return code
+        too_many = held.data.train.bad_log.exceeded() if held.data is not None else None
+        if code == errors.EXIT_DATA and too_many:  # the count's own message, whoever raised
+            print(f"error: {too_many}", file=sys.stderr)
+            return code
+        if code == errors.EXIT_DATA:  # torch re-raises a worker's with its traceback as text
+            print(f"error: {one_line(exc)}", file=sys.stderr)
+            return code
         if code is not None:
-            print(exc if code == errors.EXIT_CONFIG else f"error: {exc}", file=sys.stderr)
+            print(f"error: {exc}", file=sys.stderr)
             return code
         if held.data is None:
             raise

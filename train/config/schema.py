@@ -64,6 +64,10 @@ class DataConfig:
     cache_dir: str = ".cache/data"  # cache: disk keeps its memory-mapped file here
     cache_max_bytes: ByteSize = 2 * GIB  # the cache's bound (memory or disk)
     max_bad_fraction: Fraction = 0.01  # abort when more samples than this fail to decode
+    # An image with more pixels (read from its header, before decoding) is a bad sample of
+    # kind image_too_large: 40 M fits ImageNet's largest photos and long text lines, and keeps a
+    # 20000 x 20000 scan or a PNG decompression bomb from taking a worker's memory.
+    max_image_pixels: PositiveInt = 40_000_000
     skip_keys_file: str | None = None  # keys to skip, one per line (e.g. an earlier run's)
     remote_cache_dir: str = ".cache/remote"  # where s3:// data is staged before reading
     remote_cache_max_bytes: ByteSize | None = None  # None: no limit
