@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 import numpy as np
 
 from datasets import decode, faults, image_transforms
-from datasets.bad_samples import BadSampleLog, read_bad_keys
+from datasets.bad_samples import BadSampleLog, read_bad_keys, read_bad_kinds
 from datasets.cache import SharedRecordCache
-from datasets.errors import BadSampleError, DatasetError, TooManyBadSamplesError
+from datasets.errors import BAD_SAMPLE_KINDS, BadSampleError, DatasetError, TooManyBadSamplesError
 from datasets.handles import die_with_parent
 from datasets.in_flight import RAISED, RAISED_DATA_ERROR, InFlightTable
 from datasets.ocr_transforms import CharDict, augment_text_line, resize_and_pad
@@ -81,6 +81,9 @@ class RecordDataset:
         self.max_substitutions = max_substitutions
         self._indices = self._without_skipped(skip_keys)
         self.bad_log = bad_log or BadSampleLog(len(source), max_bad_fraction=1.0)
+        # A resumed run appends to the same bad-keys file: what it holds is reported already.
+        self._known_bad = self._bad_in_keys_file()
+        self.bad_log.mark_reported(self._known_bad)
         self.in_flight = InFlightTable()
         self._owner_pid = os.getpid()
 
@@ -154,8 +157,26 @@ class RecordDataset:
             "scripts/validate_data.py on the dataset"
         )
 
+    def _bad_in_keys_file(self) -> dict[int, str]:
+        """{source index: kind} of the records the bad-keys file holds (a resumed run's)."""
+        if not self.bad_log.bad_keys_file:
+            return {}
+        found = {}
+        for key, kind in read_bad_kinds(self.bad_log.bad_keys_file).items():
+            index = self.source.index_of_key(key)
+            if index is not None and kind in BAD_SAMPLE_KINDS:
+                found[index] = kind
+        return found
+
     def start_epoch(self, epoch: int) -> None:
         self.bad_log.start_epoch(epoch)
+
+    def count_resumed(self, positions) -> None:
+        """After start_epoch on resume: count the bad records among the positions the epoch
+        consumed before the checkpoint (the run before wrote them to the bad-keys file), so that
+        the epoch's counts are those of an uninterrupted run."""
+        indices = (self._source_index(int(p)) for p in positions)
+        self.bad_log.add_counts([self._known_bad[i] for i in indices if i in self._known_bad])
 
     def describe_in_flight(self, hung_after_s: float | None = None) -> dict[str, list[str]]:
         """The samples processes were on when a loader failed, one line each, by what happened:

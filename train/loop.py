@@ -211,6 +211,7 @@ class Run:
         self.stop_flag = _install_stop_handler()
         self.stopping = False
         self.interrupted_batches = None  # an evaluation loader left open by a stop request
+        self.resumed_mid_epoch = resume and self.position.epoch_samples > 0
         self.nonfinite_in_a_row = 0  # steps in a row whose loss was NaN/Inf (train.nonfinite)
         self.interrupted_batches = None  # an evaluation loader left open by a stop request
         self.loss = None
@@ -224,6 +225,9 @@ class Run:
         position, every, backend = self.position, self.train_cfg, self.backend
         self.sampler.set_epoch(position.epoch, start=position.epoch_samples)
         self.data.train.start_epoch(position.epoch)
+        if self.resumed_mid_epoch:  # the epoch's bad samples before the checkpoint count too
+            self.data.train.count_resumed(self.sampler.positions()[: position.epoch_samples])
+            self.resumed_mid_epoch = False
         for batch in self.telemetry.timed(backend.device_batches(self.loader)):
             with backend.profile_range("train_step"), out_of_memory_named(backend, "a train step"):
                 batch = faults.before_step(position.step + 1, batch, backend)
