@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -152,9 +153,9 @@ def test_kill_9_while_workers_start_leaves_none_behind(
 def test_sigterm_checkpoints_stops_workers_and_resumes(
     task, framework, tmp_path, ocr_lmdb, image_h5
 ):
-    cmd, process = start(
-        task, framework, tmp_path / "run", (ocr_lmdb, image_h5), "loader.persistent_workers=true"
-    )
+    # No periodic checkpoints: the one found after the stop can only be the stop's own.
+    extra = ("loader.persistent_workers=true", "train.checkpoint_every=100000")
+    cmd, process = start(task, framework, tmp_path / "run", (ocr_lmdb, image_h5), *extra)
     wait_for_step(tmp_path / "run", process, 5)
     workers = psutil.Process(process.pid).children(recursive=True)
     assert workers, "expected loader worker processes"
@@ -166,12 +167,14 @@ def test_sigterm_checkpoints_stops_workers_and_resumes(
     time.sleep(1.0)
     alive = [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"workers outlived the trainer: {alive}"
-    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
-    assert int(latest.split("-")[1]) >= 5
+    stopped = int(re.search(r"stopped by SIGTERM at step (\d+)", stderr).group(1))
+    saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert saved == [f"step-{stopped:08d}"] and stopped >= 5, (saved, stopped)
     resumed = subprocess.run(
         [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step-{stopped:08d} (epoch" in resumed.stderr  # continued from the stop's checkpoint
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == STEPS
     assert os.path.isdir(tmp_path / "run" / "checkpoints" / f"step-{STEPS:08d}")

@@ -83,5 +83,6 @@ def test_second_run_on_a_locked_directory_fails_and_a_killed_run_blocks_nothing(
         timeout=300,
     )
     assert third.returncode == 0, third.stderr[-3000:]
-    assert "left by processes that died without removing them" in third.stderr
+    # Removed by this start's sweep, or by another trainer's starting on this host meanwhile
+    # (the sweep is host-wide: /dev/shm is shared, e.g. by parallel test runs).
     assert not any(os.path.exists(f) for f in cache_files)
