@@ -120,16 +120,32 @@ def test_kill_9_then_resume_equals_uninterrupted_run(task, framework, tmp_path, 
     assert different == [], f"killed at step {kill_at}: {different[:5]}"
 
 
+def loader_workers(trainer: psutil.Process, context: str) -> list[psutil.Process]:
+    """The trainer's loader workers: its descendants without the helpers of spawn and
+    forkserver (multiprocessing's resource tracker, the fork server itself)."""
+    workers = []
+    for process in trainer.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmdline = " ".join(process.cmdline())
+            if "resource_tracker" in cmdline:
+                continue
+            if context == "forkserver" and process.ppid() == trainer.pid:
+                continue  # the fork server; the workers are its children
+            workers.append(process)
+    return workers
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 @pytest.mark.parametrize("task, framework", PAIRS)
 def test_kill_9_while_workers_start_leaves_none_behind(
-    task, framework, tmp_path, ocr_lmdb, image_h5
+    task, framework, context, tmp_path, ocr_lmdb, image_h5
 ):
     """The loaders' parent watchdogs read the parent pid once, as the worker starts: a worker
     whose trainer dies before that watches init and lives forever (CI caught one). Workers here
     sleep 4 s as they start, the trainer is killed meanwhile, and every worker must exit. One
     batch per epoch, so the second worker never gets an index: only binding at start saves it."""
     one_batch = f"loader.batch_size={96 if task == 'ocr' else 24}"  # the fixtures' sizes
-    settings = [*SETTINGS, one_batch]
+    settings = [*SETTINGS, one_batch, f"loader.multiprocessing_context={context}"]
     cmd = train_cmd(
         task, framework, tmp_path / "run", settings, ocr_lmdb=ocr_lmdb, image_h5=image_h5
     )
@@ -142,11 +158,12 @@ def test_kill_9_while_workers_start_leaves_none_behind(
     while len(workers) < 2:  # the smoke configs' two loader workers, still in their start delay
         assert victim.poll() is None and time.time() < deadline, victim.stderr.read()[-3000:]
         time.sleep(0.05)
-        workers = psutil.Process(victim.pid).children(recursive=True)
+        workers = loader_workers(psutil.Process(victim.pid), context)
+    helpers = psutil.Process(victim.pid).children(recursive=True)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=60)
-    for worker in workers:
-        assert_exits(worker, timeout=30)
+    for process in {p.pid: p for p in [*workers, *helpers]}.values():
+        assert_exits(process, timeout=30)
 
 
 @pytest.mark.parametrize("task, framework", PAIRS)
