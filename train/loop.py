@@ -211,9 +211,11 @@ class Run:
         self.stop_flag = _install_stop_handler()
         self.stopping = False
         self.interrupted_batches = None  # an evaluation loader left open by a stop request
+        self.open_batches = None  # the training batches, left open by a stop request
         self.resumed_mid_epoch = resume and self.position.epoch_samples > 0
         self.nonfinite_in_a_row = 0  # steps in a row whose loss was NaN/Inf (train.nonfinite)
         self.interrupted_batches = None  # an evaluation loader left open by a stop request
+        self.open_batches = None  # the training batches, left open by a stop request
         self.loss = None
         self.last_eval: dict[str, float] = {}
         self.saved_at = self.evaluated_at = None  # the steps of the last checkpoint, evaluation
@@ -228,7 +230,8 @@ class Run:
         if self.resumed_mid_epoch:  # the epoch's bad samples before the checkpoint count too
             self.data.train.count_resumed(self.sampler.positions()[: position.epoch_samples])
             self.resumed_mid_epoch = False
-        for batch in self.telemetry.timed(backend.device_batches(self.loader)):
+        batches = self.telemetry.timed(backend.device_batches(self.loader))
+        for batch in batches:
             with backend.profile_range("train_step"), out_of_memory_named(backend, "a train step"):
                 batch = faults.before_step(position.step + 1, batch, backend)
                 self.loss = backend.train_step(batch)
@@ -248,6 +251,9 @@ class Run:
                 self.stop_flag, position.step, every.log_every, self.dist, backend
             )
             if self.stopping:
+                # Closing the loader waits for its workers to finish their batches (seconds on
+                # slow storage): it stays open until the stop's checkpoint is written.
+                self.open_batches = batches
                 return False
             if position.step >= self.total_steps:
                 # The last step may also have been the epoch's last batch.
@@ -362,6 +368,7 @@ class Run:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.interrupted_batches is not None:  # now the loader may take its time to close
             self.interrupted_batches.close()
+        self.open_batches = None
         by = self.stop_flag.signal_name or "another rank's stop signal"
         raise StopRequested(
             f"stopped by {by} at step {self.position.step}", self.stop_flag.signal_name
