@@ -88,6 +88,20 @@ class BadSampleLog:
         if counted and epoch_bad > self.limit:
             raise TooManyBadSamplesError(self._abort_message(epoch_bad))
 
+    def mark_reported(self, indices) -> None:
+        """Records already in the bad-keys file (a resumed run's): not logged or written again."""
+        reported = self._block.array(np.uint8, 8 * _HEADER_ITEMS, self.num_samples)
+        with self._block.locked():
+            reported[list(indices)] = 1
+
+    def add_counts(self, kinds: list[str]) -> None:
+        """Count bad samples met before a resume (this epoch's and the run's counts)."""
+        header = self._header()
+        with self._block.locked():
+            for kind in kinds:
+                header[_EPOCH_COUNTS + BAD_SAMPLE_KINDS.index(kind)] += 1
+                header[_TOTAL_COUNTS + BAD_SAMPLE_KINDS.index(kind)] += 1
+
     def _abort_message(self, epoch_bad: int) -> str:
         if self.bad_keys_file:
             keys = read_bad_keys(self.bad_keys_file)
@@ -132,6 +146,19 @@ def _append_line(path: str, line: str) -> None:
         os.write(fd, (line.replace("\n", " ") + "\n").encode("utf-8"))
     finally:
         os.close(fd)
+
+
+def read_bad_kinds(path: str | Path) -> dict[str, str]:
+    """{key: kind} of a bad-keys file this project wrote (empty when there is none yet)."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    kinds = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 2 and not line.startswith("#"):
+            kinds.setdefault(fields[0], fields[1])
+    return kinds
 
 
 def read_bad_keys(path: str | Path) -> list[str]:

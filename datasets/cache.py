@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import struct
 import tempfile
 from pathlib import Path
@@ -34,6 +35,13 @@ _HEADER_ITEMS = 16
     range(9)
 )
 Record = tuple[bytes, "str | int"]
+
+
+# cache: memory's file in /dev/shm is named data-cache-<creator pid>-<id>: the trainer's
+# start-up sweep (train/preflight.py) removes those whose creator is gone (a kill -9 skips the
+# unlink in close()).
+MEMORY_FILE_PREFIX = "data-cache-"
+MEMORY_FILE = re.compile(r"data-cache-(\d+)-[0-9a-f]+")
 
 
 def encode_record(record: Record) -> bytes:
@@ -81,7 +89,7 @@ class SharedRecordCache:
         self._fingerprint = fingerprint(source_path, num_items)
         if mode == "memory":
             shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-            path = Path(shm_dir) / f"data-cache-{os.getpid()}-{id(self):x}"
+            path = Path(shm_dir) / f"{MEMORY_FILE_PREFIX}{os.getpid()}-{id(self):x}"
             self._block = SharedBlock(path, self._slab_offset + self.capacity)
             self._initialize()
         else:

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 import numpy as np
 
 from datasets import decode, faults, image_transforms
-from datasets.bad_samples import BadSampleLog, read_bad_keys
+from datasets.bad_samples import BadSampleLog, read_bad_keys, read_bad_kinds
 from datasets.cache import SharedRecordCache
-from datasets.errors import BadSampleError, DatasetError, TooManyBadSamplesError
+from datasets.errors import BAD_SAMPLE_KINDS, BadSampleError, DatasetError, TooManyBadSamplesError
 from datasets.handles import die_with_parent
-from datasets.in_flight import InFlightTable
+from datasets.in_flight import RAISED, RAISED_DATA_ERROR, InFlightTable
 from datasets.ocr_transforms import CharDict, augment_text_line, resize_and_pad
 
 if TYPE_CHECKING:
@@ -81,6 +81,9 @@ class RecordDataset:
         self.max_substitutions = max_substitutions
         self._indices = self._without_skipped(skip_keys)
         self.bad_log = bad_log or BadSampleLog(len(source), max_bad_fraction=1.0)
+        # A resumed run appends to the same bad-keys file: what it holds is reported already.
+        self._known_bad = self._bad_in_keys_file()
+        self.bad_log.mark_reported(self._known_bad)
         self.in_flight = InFlightTable()
         self._owner_pid = os.getpid()
 
@@ -124,8 +127,8 @@ class RecordDataset:
             # Substitute with the next record: deterministic, keeps the batch size.
             index = self._source_index((position + attempt) % len(self))
             self.in_flight.start(index)
-            faults.maybe_inject(index)
             try:
+                faults.maybe_inject(index)
                 data, label = self._read(index)
                 sample = self.transform(data, label, SampleRng((self.seed, epoch, index)))
                 self.in_flight.done()
@@ -139,25 +142,65 @@ class RecordDataset:
                     error,
                     counted=attempt == 0,
                 )
+            except BaseException as error:
+                # Left in the table, marked: the trainer then reports what raised on which
+                # sample, not a dead worker (the loader re-raises this in the trainer, where
+                # Paddle keeps only its text and torch may change its type).
+                data_error = isinstance(error, (DatasetError, TooManyBadSamplesError))
+                self.in_flight.raised(data_error)
+                raise
+        self.in_flight.start(self._source_index(position))
+        self.in_flight.raised(data_error=True)
         raise TooManyBadSamplesError(
             f"{self.max_substitutions + 1} consecutive bad records from position {position} "
             f"({self.source.key(self._source_index(position))}). HINT: run "
             "scripts/validate_data.py on the dataset"
         )
 
+    def _bad_in_keys_file(self) -> dict[int, str]:
+        """{source index: kind} of the records the bad-keys file holds (a resumed run's)."""
+        if not self.bad_log.bad_keys_file:
+            return {}
+        found = {}
+        for key, kind in read_bad_kinds(self.bad_log.bad_keys_file).items():
+            index = self.source.index_of_key(key)
+            if index is not None and kind in BAD_SAMPLE_KINDS:
+                found[index] = kind
+        return found
+
     def start_epoch(self, epoch: int) -> None:
         self.bad_log.start_epoch(epoch)
 
-    def describe_in_flight(self) -> list[str]:
-        """One line per worker that is busy on a sample: dead ones first (they crashed on it)."""
-        lines = []
-        for pid, index, seconds, alive in sorted(self.in_flight.busy(), key=lambda r: r[3]):
-            state = f"running for {seconds:.0f}s on" if alive else "died while reading"
-            lines.append(
-                f"worker pid {pid} {state} sample #{index} (key "
-                f"{self.source.key(index)}, file {self.source.source_of(index)})"
-            )
-        return lines
+    def count_resumed(self, positions) -> None:
+        """After start_epoch on resume: count the bad records among the positions the epoch
+        consumed before the checkpoint (the run before wrote them to the bad-keys file), so that
+        the epoch's counts are those of an uninterrupted run."""
+        indices = (self._source_index(int(p)) for p in positions)
+        self.bad_log.add_counts([self._known_bad[i] for i in indices if i in self._known_bad])
+
+    def describe_in_flight(self, hung_after_s: float | None = None) -> dict[str, list[str]]:
+        """The samples processes were on when a loader failed, one line each, by what happened:
+        ``died`` (the process is gone: it crashed on the sample), ``hung`` (still reading it
+        after ``hung_after_s``), ``raised_data_error`` / ``raised`` (its code raised on it). A
+        worker still reading for less than ``hung_after_s`` is innocent and left out."""
+        found: dict[str, list[str]] = {
+            "died": [],
+            "hung": [],
+            "raised_data_error": [],
+            "raised": [],
+        }
+        for pid, index, seconds, alive, state in self.in_flight.rows():
+            key, file = self.source.key(index), self.source.source_of(index)
+            where = f"sample #{index} (key {key}, file {file})"
+            if state == RAISED_DATA_ERROR:
+                found["raised_data_error"].append(f"process pid {pid} raised on {where}")
+            elif state == RAISED:
+                found["raised"].append(f"process pid {pid} raised on {where}")
+            elif not alive:
+                found["died"].append(f"worker pid {pid} died while reading {where}")
+            elif hung_after_s is not None and seconds >= hung_after_s:
+                found["hung"].append(f"worker pid {pid} running for {seconds:.0f}s on {where}")
+        return found
 
     def close(self) -> None:
         self.source.close()
@@ -177,15 +220,17 @@ class OcrTransform:
         image_shape=(3, 48, 320),
         max_text_length: int = 25,
         augment: bool = False,
+        max_pixels: int | None = decode.MAX_IMAGE_PIXELS,
     ) -> None:
         self.char_dict = char_dict
+        self.max_pixels = max_pixels
         self.image_shape = tuple(image_shape)
         self.max_text_length = max_text_length
         self.augment = augment
 
     def __call__(self, data: bytes, label, rng: np.random.Generator) -> Sample:
         encoded, length = self.char_dict.encode(str(label), self.max_text_length)  # cheap first
-        image = decode.decode_bgr(data)
+        image = decode.decode_bgr(data, self.max_pixels)
         if self.augment:
             image = augment_text_line(image, rng)
         image, _ = resize_and_pad(image, self.image_shape)
@@ -195,8 +240,16 @@ class OcrTransform:
 class ImageClassTransform:
     """(image bytes, class) -> {"image": uint8 HxWx3 RGB, "label": int64}."""
 
-    def __init__(self, num_classes: int, train: bool, size: int = 224, eval_resize: int = 256):
+    def __init__(
+        self,
+        num_classes: int,
+        train: bool,
+        size: int = 224,
+        eval_resize: int = 256,
+        max_pixels: int | None = decode.MAX_IMAGE_PIXELS,
+    ):
         self.num_classes = num_classes
+        self.max_pixels = max_pixels
         self.train = train
         self.size = size
         self.eval_resize = eval_resize
@@ -205,9 +258,11 @@ class ImageClassTransform:
         if not 0 <= int(label) < self.num_classes:
             raise BadSampleError("bad_label", f"class {label} outside 0..{self.num_classes - 1}")
         if self.train:
-            image = image_transforms.train_transform(data, rng, self.size)
+            image = image_transforms.train_transform(data, rng, self.size, self.max_pixels)
         else:
-            image = image_transforms.eval_transform(data, self.size, self.eval_resize)
+            image = image_transforms.eval_transform(
+                data, self.size, self.eval_resize, self.max_pixels
+            )
         return {"image": image, "label": np.int64(label)}
 
 
@@ -262,12 +317,15 @@ def build_ocr_dataset(
     image_shape=(3, 48, 320),
     max_text_length: int = 25,
     augment: bool = True,
+    max_image_pixels: int | None = decode.MAX_IMAGE_PIXELS,
     **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
     from datasets.lmdb_ocr import LmdbOcrSource
 
     source = LmdbOcrSource(path)
-    transform = OcrTransform(char_dict, image_shape, max_text_length, augment and train)
+    transform = OcrTransform(
+        char_dict, image_shape, max_text_length, augment and train, max_image_pixels
+    )
     return _record_dataset(source, transform, path, seed, **policy)
 
 
@@ -278,11 +336,14 @@ def build_image_dataset(
     seed: int = 0,
     image_size: int = 224,
     eval_resize: int = 256,
+    max_image_pixels: int | None = decode.MAX_IMAGE_PIXELS,
     **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
     from datasets.hdf5_images import Hdf5ImageSource
     from datasets.image_folder import ImageFolderSource
 
     source = ImageFolderSource(path) if Path(path).is_dir() else Hdf5ImageSource(path)
-    transform = ImageClassTransform(len(source.class_names), train, image_size, eval_resize)
+    transform = ImageClassTransform(
+        len(source.class_names), train, image_size, eval_resize, max_image_pixels
+    )
     return _record_dataset(source, transform, path, seed, **policy)

@@ -9,6 +9,7 @@ kinds in ``errors.BAD_SAMPLE_KINDS`` and a reason a person can act on.
 from __future__ import annotations
 
 import io
+import struct
 
 import cv2
 import numpy as np
@@ -42,8 +43,29 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def check_encoded(data: bytes) -> str:
-    """Raise BadSampleError unless ``data`` looks like a complete image file; return its format."""
+# data.max_image_pixels' default: 40 Mpixels (120 MB as RGB, per worker) fits ImageNet's largest
+# photos and text lines thousands of pixels long; a 20000 x 20000 scan or a PNG decompression
+# bomb (a few KB that inflate to gigabytes) is refused from its header, before any pixel.
+MAX_IMAGE_PIXELS = 40_000_000
+
+
+def header_size(data: bytes, fmt: str) -> tuple[int, int] | None:
+    """(width, height) read from the header alone (JPEG, PNG; PIL's lazy open for the others),
+    or None when the header does not say: the decoder then reports the image as it is."""
+    if fmt == "png" and len(data) >= 24 and data[12:16] == b"IHDR":
+        return struct.unpack(">II", data[16:24])
+    if fmt == "jpeg":
+        return jpeg_size(data)
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except Exception:  # PIL raises many types for bad headers
+        return None
+
+
+def check_encoded(data: bytes, max_pixels: int | None = None) -> str:
+    """Raise BadSampleError unless ``data`` looks like a complete image file of at most
+    ``max_pixels`` pixels (None: any size); return its format."""
     if len(data) == 0:
         raise BadSampleError("empty_image", "record holds 0 bytes")
     fmt = sniff_format(data)
@@ -58,14 +80,23 @@ def check_encoded(data: bytes) -> str:
         )
     if fmt == "png" and data.rfind(b"IEND", max(0, len(data) - 64)) < 0:
         raise BadSampleError("truncated_image", f"PNG of {len(data)} bytes has no IEND chunk")
+    if max_pixels is not None:
+        size = header_size(data, fmt)
+        if size is not None and size[0] * size[1] > max_pixels:
+            raise BadSampleError(
+                "image_too_large",
+                f"{fmt.upper()} of {size[0]} x {size[1]} = {size[0] * size[1] / 1e6:.0f} Mpixels "
+                f"in {len(data)} bytes, over data.max_image_pixels {max_pixels / 1e6:g} M; not "
+                "decoded",
+            )
     return fmt
 
 
-def decode_bgr(data: bytes) -> np.ndarray:
+def decode_bgr(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.ndarray:
     """Decode to an HxWx3 uint8 BGR array (PaddleOCR's convention for OCR): JPEGs with
     libjpeg-turbo straight into numpy (simplejpeg, a fifth cheaper than cv2.imdecode on text
     lines, and strict about corrupt data), everything else with OpenCV."""
-    if check_encoded(data) == "jpeg":
+    if check_encoded(data, max_pixels) == "jpeg":
         return _decode_jpeg(data, "BGR")
     image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None or image.size == 0:
@@ -108,7 +139,12 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return width, height
 
 
-def decode_rgb(data: bytes, min_width: int = 0, min_height: int = 0) -> np.ndarray:
+def decode_rgb(
+    data: bytes,
+    min_width: int = 0,
+    min_height: int = 0,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> np.ndarray:
     """Decode to an HxWx3 uint8 RGB array.
 
     JPEGs go straight from libjpeg-turbo into numpy (simplejpeg): about 0.3 ms less per ImageNet
@@ -117,7 +153,7 @@ def decode_rgb(data: bytes, min_width: int = 0, min_height: int = 0) -> np.ndarr
     leaves at least that many pixels; other reductions use libjpeg-turbo's slow generic IDCTs, so
     they are never chosen. Grey and CMYK JPEGs come out as RGB too. Other formats go through PIL.
     """
-    if check_encoded(data) != "jpeg":
+    if check_encoded(data, max_pixels) != "jpeg":
         return np.asarray(load_pil_rgb(open_pil(data)))
     return _decode_jpeg(data, "RGB", min_width, min_height)
 

@@ -39,4 +39,5 @@ BAD_SAMPLE_KINDS = (
     "label_too_long",  # OCR label longer than max_text_length after encoding
     "label_out_of_dict",  # OCR label has characters missing from the character dictionary
     "bad_label",  # classification label outside [0, num_classes)
+    "image_too_large",  # more pixels than data.max_image_pixels (a decompression bomb, a scan)
 )

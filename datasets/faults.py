@@ -4,7 +4,12 @@
 
 makes whichever process reads source index 123 die the way a broken decoder or the kernel would
 kill it: ``segv`` (SIGSEGV), ``kill`` (SIGKILL, as the OOM killer does), ``exit`` (os._exit(1)),
-or ``hang`` (sleep forever). Unset, it costs one dictionary lookup per process.
+or ``hang`` (sleep forever); ``raise`` makes the sample's code raise a RuntimeError, as a bug in
+a transform would (the worker stays alive). Unset, it costs one dictionary lookup per process.
+
+    DATA_INJECT_FAULT=slow@200
+
+makes every sample take 200 ms more to read, as slow storage would (a long evaluation pass).
 
     DATA_INJECT_FAULT=startdelay@3
 
@@ -40,6 +45,9 @@ def delay_start() -> None:
 
 def maybe_inject(index: int) -> None:
     fault = _fault()
+    if fault is not None and fault[0] == "slow":
+        time.sleep(fault[1] / 1000)
+        return
     if fault is None or fault[0] == "startdelay" or fault[1] != index:
         return
     kind = fault[0]
@@ -49,8 +57,12 @@ def maybe_inject(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "exit":
         os._exit(1)
+    elif kind == "raise":
+        raise RuntimeError(f"{ENV}=raise@{index}: an exception in the sample's code, injected")
     elif kind == "hang":
         while True:
             time.sleep(60)
     else:
-        raise ValueError(f"{ENV}={kind}@{index}: kind must be segv, kill, exit, hang or startdelay")
+        raise ValueError(
+            f"{ENV}={kind}@{index}: kind must be segv, kill, exit, hang, raise, slow or startdelay"
+        )

@@ -56,6 +56,38 @@ def _close_file(handle: tuple[h5py.File, h5py.Dataset]) -> None:
     handle[0].close()
 
 
+def _checked_structure(path: Path, f: h5py.File) -> tuple[np.ndarray, list[str]]:
+    """The labels and class names, once the file's structure is checked: one DatasetError
+    naming the file, the key and the fix, instead of a KeyError or a flood of read errors."""
+
+    def broken(key: str, problem: str) -> DatasetError:
+        return DatasetError(
+            f"malformed ResNet-50 HDF5 dataset {path}: {key}: {problem}",
+            f"the file was not written by this project's writer, or was modified; {WRITER_HINT}",
+        )
+
+    if "class_names" not in f.attrs:
+        raise broken("attribute 'class_names'", "missing (a JSON list of the class names)")
+    try:
+        class_names = json.loads(f.attrs["class_names"])
+    except (TypeError, ValueError) as exc:
+        raise broken("attribute 'class_names'", f"not JSON ({exc})") from exc
+    if not isinstance(class_names, list) or not class_names:
+        raise broken("attribute 'class_names'", "not a non-empty JSON list")
+    images, labels = f["images"], f["labels"]
+    if not isinstance(images, h5py.Dataset) or images.ndim != 1:
+        raise broken("'images'", "not a 1-D dataset of encoded images")
+    if h5py.check_vlen_dtype(images.dtype) != np.dtype(np.uint8):
+        raise broken("'images'", f"dtype {images.dtype}, not variable-length uint8 bytes")
+    if not isinstance(labels, h5py.Dataset) or labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise broken("'labels'", f"not a 1-D integer dataset ({labels})")
+    if len(images) != len(labels):
+        raise broken("'images'/'labels'", f"{len(images)} images but {len(labels)} labels")
+    if "keys" in f and len(f["keys"]) != len(images):
+        raise broken("'keys'", f"{len(f['keys'])} keys for {len(images)} images")
+    return np.asarray(labels[:], dtype=np.int64), [str(name) for name in class_names]
+
+
 class Hdf5ImageSource:
     """Random access to (encoded image bytes, int label) rows of one HDF5 file."""
 
@@ -77,8 +109,7 @@ class Hdf5ImageSource:
                     f"{self.path} has schema_version {version}, this code reads {SCHEMA_VERSION}",
                     "regenerate the file with this version's scripts",
                 )
-            self.labels = np.asarray(f["labels"][:], dtype=np.int64)
-            self.class_names = list(json.loads(f.attrs["class_names"]))
+            self.labels, self.class_names = _checked_structure(self.path, f)
         self._handle = ProcessLocalHandle(str(self.path), _open_images, _close_file)
 
     def __len__(self) -> int:

@@ -22,7 +22,7 @@ import math
 import cv2
 import numpy as np
 
-from datasets.decode import decode_rgb, jpeg_size
+from datasets.decode import MAX_IMAGE_PIXELS, check_encoded, decode_rgb, jpeg_size
 
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -55,20 +55,26 @@ def random_resized_crop_box(
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
 
 
-def _image_size(data: bytes) -> tuple[int, int, np.ndarray | None]:
-    """(width, height, pixels or None): JPEGs from their header alone, anything else decoded."""
+def _image_size(data: bytes, max_pixels: int | None) -> tuple[int, int, np.ndarray | None]:
+    """(width, height, pixels or None): JPEGs from their header alone, anything else decoded.
+    Either way an image over ``max_pixels`` is refused from its header first."""
+    check_encoded(data, max_pixels)
     size = jpeg_size(data)
     if size is not None:
         return size[0], size[1], None
-    pixels = decode_rgb(data)  # PNG and friends: no cheap header path, decode once here
+    pixels = decode_rgb(data, max_pixels=None)  # PNG and friends: decoded once, here
     return pixels.shape[1], pixels.shape[0], pixels
 
 
 def _decode_box_resized(
-    data: bytes, box_for_size, out_size: int, rng: np.random.Generator | None
+    data: bytes,
+    box_for_size,
+    out_size: int,
+    rng: np.random.Generator | None,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
 ) -> np.ndarray:
     """Decode only as much resolution as the crop needs, then crop (a view) and resize once."""
-    width, height, pixels = _image_size(data)
+    width, height, pixels = _image_size(data, max_pixels)
     left, top, crop_w, crop_h = box_for_size(width, height)
     if pixels is None:
         # Largest reduction r with crop_w/r >= out_size and crop_h/r >= out_size.
@@ -78,6 +84,7 @@ def _decode_box_resized(
             data,
             min_width=math.ceil(width / reduction) if scaled else 0,
             min_height=math.ceil(height / reduction) if scaled else 0,
+            max_pixels=None,  # checked above
         )
     sx, sy = pixels.shape[1] / width, pixels.shape[0] / height
     x0, y0 = round(left * sx), round(top * sy)
@@ -107,9 +114,15 @@ def resize(crop: np.ndarray, size: int) -> np.ndarray:
     return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
 
 
-def train_transform(data: bytes, rng: np.random.Generator, size: int = 224) -> np.ndarray:
+def train_transform(
+    data: bytes,
+    rng: np.random.Generator,
+    size: int = 224,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> np.ndarray:
     """RandomResizedCrop(size) + horizontal flip(p=0.5) from encoded bytes."""
-    return _decode_box_resized(data, lambda w, h: random_resized_crop_box(w, h, rng), size, rng)
+    box = lambda w, h: random_resized_crop_box(w, h, rng)  # noqa: E731
+    return _decode_box_resized(data, box, size, rng, max_pixels)
 
 
 def center_crop_box(width: int, height: int, resize: int, size: int) -> tuple[int, int, int, int]:
@@ -119,6 +132,9 @@ def center_crop_box(width: int, height: int, resize: int, size: int) -> tuple[in
     return (width - crop) // 2, (height - crop) // 2, crop, crop
 
 
-def eval_transform(data: bytes, size: int = 224, resize: int = 256) -> np.ndarray:
+def eval_transform(
+    data: bytes, size: int = 224, resize: int = 256, max_pixels: int | None = MAX_IMAGE_PIXELS
+) -> np.ndarray:
     """Resize(resize) + CenterCrop(size) from encoded bytes, deterministic."""
-    return _decode_box_resized(data, lambda w, h: center_crop_box(w, h, resize, size), size, None)
+    box = lambda w, h: center_crop_box(w, h, resize, size)  # noqa: E731
+    return _decode_box_resized(data, box, size, None, max_pixels)

@@ -83,9 +83,15 @@ def read_header(path: Path) -> int:
     env = open_lmdb_readonly(path)
     record_open("index", str(path))
     try:
+        entries = env.stat()["entries"]
         with env.begin(buffers=False) as txn:
             version = txn.get(b"schema-version")
             count = txn.get(b"num-samples")
+            claimed = int(count) if count is not None and count.strip().isdigit() else 0
+            # The last record num-samples promises: a write or copy cut short loses both of its
+            # keys (one key missing is one bad sample, missing_key).
+            last = [f"{kind}-{claimed:09d}" for kind in ("image", "label")] if claimed else []
+            missing = [key for key in last if txn.get(key.encode()) is None]
     finally:
         env.close()
     if version is not None and int(version) > SCHEMA_VERSION:
@@ -99,9 +105,20 @@ def read_header(path: Path) -> int:
             f"expected PaddleOCR's layout (num-samples, image-%09d, label-%09d); {WRITER_HINT}",
         )
     try:
-        return int(count)
+        samples = int(count)
     except ValueError as exc:
         raise DatasetError(f"{path}: num-samples is {count[:20]!r}, not an integer", "") from exc
+    # num-samples larger than the records (a copy cut short, a writer that died before its
+    # last commit) would give a missing_key bad sample for every record past the end.
+    if samples < 0 or entries < samples or (missing and len(missing) == len(last)):
+        raise DatasetError(
+            f"malformed OCR LMDB {path}: key 'num-samples' says {samples} records, but the file "
+            f"holds {entries} keys (2 per record)"
+            + (f" and lacks {', '.join(sorted(missing))}" if missing else ""),
+            "the copy or the write was cut short: copy or convert it again and check it with "
+            f"scripts/validate_data.py; {WRITER_HINT}",
+        )
+    return samples
 
 
 class LmdbOcrSource:

@@ -54,11 +54,20 @@ class EpochSampler:
             raise ValueError(f"consumed {consumed} is negative")
         self.epoch, self.consumed = epoch, consumed
 
-    def positions(self) -> np.ndarray:
+    def order(self) -> np.ndarray:
+        """The epoch's order of all sample positions, which the ranks read in turn."""
         if self.shuffle:
-            order = np.random.default_rng((self.seed, self.epoch)).permutation(self.num_samples)
-        else:
-            order = np.arange(self.num_samples)
+            return np.random.default_rng((self.seed, self.epoch)).permutation(self.num_samples)
+        return np.arange(self.num_samples)
+
+    def consumed_positions(self) -> np.ndarray:
+        """This rank's share of the positions read before a resume (the first ``consumed`` of
+        the order, dealt out as the rest is): on the world size that read them, exactly the
+        ones this rank read; on another, a share as large as any rank's."""
+        return self.order()[: self.consumed][self.rank :: self.world_size]
+
+    def positions(self) -> np.ndarray:
+        order = self.order()
         rest = order[self.consumed :]
         total = self.per_rank * self.world_size
         if total > len(rest):  # pad by wrapping so every rank gets per_rank positions

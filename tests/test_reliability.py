@@ -47,6 +47,11 @@ def five_percent_corrupt(tmp_path_factory):
 
 
 def _train(framework, data, out, *extra):
+    cmd = _train_cmd(framework, data, out, *extra)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def _train_cmd(framework, data, out, *extra) -> list[str]:
     path, _, charset = data
     sets = [
         f"framework={framework}",
@@ -71,8 +76,7 @@ def _train(framework, data, out, *extra):
         "--output-dir",
         str(out),
     ]
-    cmd += set_args(sets)
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return cmd + set_args(sets)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -101,3 +105,36 @@ def test_above_the_limit_the_run_stops_naming_the_keys(framework, five_percent_c
     assert "too many bad samples" in line and "> data.max_bad_fraction 0.02" in line
     assert "image-0000000" in line and "bad_samples.train.tsv" in line
     assert "Traceback" not in result.stderr.split("error:")[-1]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_bad_sample_counts_stay_exact_and_written_once_across_a_resume(
+    framework, five_percent_corrupt, tmp_path
+):
+    """Stopped at step 9, mid-epoch (90 of 180 records consumed), then resumed to step 36: each
+    epoch's counts equal an uninterrupted run's (test above) and each bad key is in the file
+    once. Before: the resumed epoch's counts started from zero and the keys were written again."""
+    _, expected, _ = five_percent_corrupt
+    fraction = "data.max_bad_fraction=0.06"
+    first = _train(framework, five_percent_corrupt, tmp_path, fraction, "train.max_steps=9")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = subprocess.run(
+        [*_train_cmd(framework, five_percent_corrupt, tmp_path, fraction), "--resume"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr and "step 9)" in again.stderr
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1]
+    for record in epochs:
+        assert {k[4:]: v for k, v in record.items() if k.startswith("bad.")} == expected
+    keys = [
+        line.split("\t")[0]
+        for line in (tmp_path / "bad_samples.train.tsv").read_text().splitlines()
+    ]
+    assert len(keys) == len(set(keys)) == 9, keys
+    assert json.loads((tmp_path / "summary.json").read_text())["bad_samples_total"] == 2 * 9

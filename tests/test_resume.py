@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -31,8 +32,8 @@ SETTINGS = [
 ]
 
 
-def final_weights(run_dir: Path, framework: str) -> dict[str, np.ndarray]:
-    final = run_dir / "checkpoints" / f"step-{STEPS:08d}"
+def final_weights(run_dir: Path, framework: str, step: int = STEPS) -> dict[str, np.ndarray]:
+    final = run_dir / "checkpoints" / f"step-{step:08d}"
     if framework == "torch":
         import torch
 
@@ -119,16 +120,32 @@ def test_kill_9_then_resume_equals_uninterrupted_run(task, framework, tmp_path, 
     assert different == [], f"killed at step {kill_at}: {different[:5]}"
 
 
+def loader_workers(trainer: psutil.Process, context: str) -> list[psutil.Process]:
+    """The trainer's loader workers: its descendants without the helpers of spawn and
+    forkserver (multiprocessing's resource tracker, the fork server itself)."""
+    workers = []
+    for process in trainer.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmdline = " ".join(process.cmdline())
+            if "resource_tracker" in cmdline:
+                continue
+            if context == "forkserver" and process.ppid() == trainer.pid:
+                continue  # the fork server; the workers are its children
+            workers.append(process)
+    return workers
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 @pytest.mark.parametrize("task, framework", PAIRS)
 def test_kill_9_while_workers_start_leaves_none_behind(
-    task, framework, tmp_path, ocr_lmdb, image_h5
+    task, framework, context, tmp_path, ocr_lmdb, image_h5
 ):
     """The loaders' parent watchdogs read the parent pid once, as the worker starts: a worker
     whose trainer dies before that watches init and lives forever (CI caught one). Workers here
     sleep 4 s as they start, the trainer is killed meanwhile, and every worker must exit. One
     batch per epoch, so the second worker never gets an index: only binding at start saves it."""
     one_batch = f"loader.batch_size={96 if task == 'ocr' else 24}"  # the fixtures' sizes
-    settings = [*SETTINGS, one_batch]
+    settings = [*SETTINGS, one_batch, f"loader.multiprocessing_context={context}"]
     cmd = train_cmd(
         task, framework, tmp_path / "run", settings, ocr_lmdb=ocr_lmdb, image_h5=image_h5
     )
@@ -141,20 +158,21 @@ def test_kill_9_while_workers_start_leaves_none_behind(
     while len(workers) < 2:  # the smoke configs' two loader workers, still in their start delay
         assert victim.poll() is None and time.time() < deadline, victim.stderr.read()[-3000:]
         time.sleep(0.05)
-        workers = psutil.Process(victim.pid).children(recursive=True)
+        workers = loader_workers(psutil.Process(victim.pid), context)
+    helpers = psutil.Process(victim.pid).children(recursive=True)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=60)
-    for worker in workers:
-        assert_exits(worker, timeout=30)
+    for process in {p.pid: p for p in [*workers, *helpers]}.values():
+        assert_exits(process, timeout=30)
 
 
 @pytest.mark.parametrize("task, framework", PAIRS)
 def test_sigterm_checkpoints_stops_workers_and_resumes(
     task, framework, tmp_path, ocr_lmdb, image_h5
 ):
-    cmd, process = start(
-        task, framework, tmp_path / "run", (ocr_lmdb, image_h5), "loader.persistent_workers=true"
-    )
+    # No periodic checkpoints: the one found after the stop can only be the stop's own.
+    extra = ("loader.persistent_workers=true", "train.checkpoint_every=100000")
+    cmd, process = start(task, framework, tmp_path / "run", (ocr_lmdb, image_h5), *extra)
     wait_for_step(tmp_path / "run", process, 5)
     workers = psutil.Process(process.pid).children(recursive=True)
     assert workers, "expected loader worker processes"
@@ -166,12 +184,14 @@ def test_sigterm_checkpoints_stops_workers_and_resumes(
     time.sleep(1.0)
     alive = [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"workers outlived the trainer: {alive}"
-    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
-    assert int(latest.split("-")[1]) >= 5
+    stopped = int(re.search(r"stopped by SIGTERM at step (\d+)", stderr).group(1))
+    saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert saved == [f"step-{stopped:08d}"] and stopped >= 5, (saved, stopped)
     resumed = subprocess.run(
         [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step-{stopped:08d} (epoch" in resumed.stderr  # continued from the stop's checkpoint
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == STEPS
     assert os.path.isdir(tmp_path / "run" / "checkpoints" / f"step-{STEPS:08d}")

@@ -59,3 +59,11 @@ def test_resume_on_another_world_size_reads_the_rest_of_the_epoch_once():
     same = EpochSampler(20, seed=5, rank=1, world_size=2)
     same.set_epoch(4, consumed=6)
     assert [p for _, p in same] == [p for _, p in before[1]][3:]
+
+
+def test_consumed_positions_are_what_each_rank_read_before_the_resume():
+    ranks = [EpochSampler(20, seed=2, rank=r, world_size=2) for r in range(2)]
+    read = [[p for _, p in sampler][:4] for sampler in ranks]  # 4 each: 8 of the order
+    for rank, sampler in enumerate(ranks):
+        sampler.set_epoch(0, consumed=8)
+        assert sampler.consumed_positions().tolist() == read[rank]

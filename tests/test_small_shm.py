@@ -103,6 +103,6 @@ def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tm
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "removed 2 batch file(s), 51 MiB, left by Paddle processes" in result.stderr
+    assert "removed 2 file(s), 51 MiB, left by processes that died" in result.stderr
     left = result.stdout.split("LEFT:")[-1].split()
     assert sorted(left) == sorted([f"paddle_{dead}_8_12", "paddle_1_9_13"])

@@ -7,11 +7,14 @@ r"""Train the OCR recognizer or ResNet-50 with PaddlePaddle or PyTorch, from one
         --log_dir runs/ocr-paddle-multi_gpu/launch-logs \
         train/__main__.py --config configs/ocr/multi_gpu.yaml
 
-Exit codes: 0 done; 2 bad config or command line; 3 data problem (dataset unreadable, too many
-bad samples); 4 checkpoint problem; 5 /dev/shm too small for the config (shm.policy fail);
-6 a loader worker died or hung (the error names the sample it was on); 7 train.device asks for
-a GPU this process cannot use (the error says why: a CPU build, no visible GPU, a driver too
-old); 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (continue with --resume).
+Exit codes (train/errors.py): 0 done; 1 a bug (a traceback follows); 2 bad config or command
+line; 3 data problem (dataset unreadable or malformed, too many bad samples); 4 checkpoint
+problem (a save failed, e.g. disk full; no usable checkpoint to resume); 5 /dev/shm too small
+for the config (shm.policy fail); 6 a loader worker died or hung (the error names the sample it
+was on); 7 train.device asks for a GPU this process cannot use (the error says why); 8 the loss
+was NaN/Inf (train.nonfinite); 9 out of memory in a step; 10 another run holds the output
+directory; 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (continue with
+--resume).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-EXIT_CONFIG, EXIT_DATA, EXIT_CHECKPOINT, EXIT_SHM, EXIT_WORKER, EXIT_DEVICE = 2, 3, 4, 5, 6, 7
+from train import errors  # noqa: E402  (after the path fix above)
+
 log = logging.getLogger("train")
 
 
@@ -61,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def one_line(exc: BaseException) -> str:
-    """The message a user needs, without a worker's re-raised traceback around it."""
+    """The message a user needs, without a worker's re-raised traceback around it (display
+    only: which kind of failure it is comes from its class or the loader's in-flight table)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     for line in reversed(lines):
         if "Error: " in line and not line.startswith("File "):
@@ -69,19 +74,69 @@ def one_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def worker_report(data) -> list[str]:
-    """Which samples the loader workers were on when the loader failed (dead workers first)."""
-    if data is None:
-        return []
-    datasets = [d for d in (data.train, data.val) if d is not None]
+def loader_report(data, hung_after_s: float | None) -> dict[str, list[str]]:
+    """What the processes reading samples were doing when the loader failed, by kind (see
+    RecordDataset.describe_in_flight); empty lists when no dataset was built."""
+    datasets = [d for d in (data.train, data.val) if d is not None] if data is not None else []
+
+    def collect() -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for dataset in datasets:
+            for kind, lines in dataset.describe_in_flight(hung_after_s).items():
+                found.setdefault(kind, []).extend(lines)
+        return found
+
     # A worker killed by a signal can still be tearing down (freeing its memory) when the
-    # loader notices the broken pipe: give it a moment to be dead before we call it alive.
+    # loader notices the broken pipe: give it a moment to be dead before calling it alive.
     deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
+    found = collect()
+    while not any(found.values()) and time.monotonic() < deadline:
         if not any(alive for d in datasets for *_, alive in d.in_flight.busy()):
             break
         time.sleep(0.2)
-    return [line for d in datasets for line in d.describe_in_flight()]
+        found = collect()
+    return found
+
+
+def loader_failure(exc: BaseException, data, hung_after_s: float | None) -> int | None:
+    """An exception the loader re-raised from a process reading samples: print what it was and
+    return its exit code, or None when it is a bug (the caller re-raises it: a traceback).
+    A worker is named as dead or hung only when the in-flight table shows one that is."""
+    # The loaders' SIGCHLD handlers (torch's raises) fire again for every further worker exit;
+    # we are failing anyway, so restore the default first.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    too_many = data.train.bad_log.exceeded() if data is not None else None
+    if too_many:  # raised in a worker; Paddle's own error does not carry the message
+        print(f"error: {too_many}", file=sys.stderr)
+        return errors.EXIT_DATA
+    found = loader_report(data, hung_after_s)
+    if found.get("raised_data_error"):
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        for line in found["raised_data_error"]:
+            print(f"  {line}", file=sys.stderr)
+        return errors.EXIT_DATA
+    if found.get("raised"):
+        print(
+            "error: the code that reads and transforms a sample raised (a bug, not a dead "
+            f"worker): {one_line(exc)}",
+            file=sys.stderr,
+        )
+        for line in found["raised"]:
+            print(f"  {line}", file=sys.stderr)
+        return None
+    culprits = found.get("died", []) + found.get("hung", [])
+    if not culprits:
+        return None
+    print(f"error: data loader failed: {one_line(exc)}", file=sys.stderr)
+    for line in culprits:
+        print(f"  {line}", file=sys.stderr)
+    print(
+        "HINT: check that record with scripts/validate_data.py; add its key to "
+        "data.skip_keys_file to skip it; for a kill by signal 9, check the memory "
+        "limit (dmesg, docker stats)",
+        file=sys.stderr,
+    )
+    return errors.EXIT_WORKER
 
 
 def setup_logging(run_dir: Path | None, is_main: bool) -> None:
@@ -97,7 +152,7 @@ def setup_logging(run_dir: Path | None, is_main: bool) -> None:
 
 
 def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
-    from train import checkpoint
+    from train import checkpoint, run_lock
 
     if checkpoint.latest(run_dir) is not None and not (
         args.resume or args.auto_resume or args.overwrite
@@ -107,7 +162,13 @@ def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
             "--overwrite to start over, or --output-dir for a new run"
         )
     if args.overwrite and is_main and run_dir.exists():
-        shutil.rmtree(run_dir)
+        for path in run_dir.iterdir():
+            if path.name == run_lock.LOCK_NAME:
+                continue  # ours, held: deleting it would let another run lock a new one
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -122,38 +183,76 @@ def should_auto_resume(run_dir: Path) -> bool:
     return found is not None
 
 
+class Held:
+    """What main() has to close however the run ends."""
+
+    backend = None
+    data = None
+    config = None
+    lock = None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from train.config import ConfigError, load_config, save_resolved
-    from train.cpus import resolve_num_workers
+    from train import loop
 
+    held = Held()
     try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
-    from datasets.errors import DatasetError, TooManyBadSamplesError
+        return run(args, held)
+    except loop.StopRequested as exc:
+        log.warning("%s; continue with --resume", exc)
+        return 130 if exc.signal_name == "SIGINT" else 143
+    except Exception as exc:
+        code = errors.exit_code(exc)
+        if code == errors.EXIT_CONFIG:
+            print(exc, file=sys.stderr)
+            return code
+        too_many = held.data.train.bad_log.exceeded() if held.data is not None else None
+        if code == errors.EXIT_DATA and too_many:  # the count's own message, whoever raised
+            print(f"error: {too_many}", file=sys.stderr)
+            return code
+        if code == errors.EXIT_DATA:  # torch re-raises a worker's with its traceback as text
+            print(f"error: {one_line(exc)}", file=sys.stderr)
+            return code
+        if code is not None:
+            print(f"error: {exc}", file=sys.stderr)
+            return code
+        if held.data is None:
+            raise
+        timeout = held.config.loader.timeout_s or None
+        code = loader_failure(exc, held.data, timeout)
+        if code is None:
+            raise
+        return code
+    finally:
+        if held.data is not None:
+            held.data.close()
+        if held.backend is not None:
+            held.backend.shutdown()
+        if held.lock is not None:
+            held.lock.release()
+
+
+def run(args, held: Held) -> int:
+    """The run, start to end; failures of a known kind are raised as such (train.errors)."""
     from train import loop, preflight, report
     from train.backends import launcher_rank, make_backend
-    from train.backends.base import DeviceUnavailableError
-    from train.checkpoint import CheckpointError
+    from train.config import load_config, save_resolved
+    from train.cpus import resolve_num_workers
     from train.data import build_run_data, stage_remote
+    from train.run_lock import RunLock
 
+    config = held.config = load_config(args.config, args.overrides)
+    run_dir = Path(args.output_dir or config.output.dir)
+    if launcher_rank(config.framework) == 0:  # the only rank that writes the run directory
+        held.lock = RunLock(run_dir).acquire()  # first: a second run fails before any work
     # Remote (s3://) data is staged before the backend imports its framework: a framework's
     # bundled zlib (Paddle's) could break the S3 client's compression otherwise.
     setup_logging(None, launcher_rank(config.framework) == 0)
-    try:
-        local_data = stage_remote(config)
-    except DatasetError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_DATA
+    local_data = stage_remote(config)
     backend = make_backend(config)
-    try:
-        dist = backend.init_distributed()
-    except DeviceUnavailableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_DEVICE
-    run_dir = Path(args.output_dir or config.output.dir)
+    dist = backend.init_distributed()
+    held.backend = backend
     setup_logging(None, dist.is_main)
     prepare_run_dir(run_dir, args, dist.is_main)
     backend.barrier()
@@ -176,53 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("num_workers=%d (%s)", workers, reason)
     if dist.local_rank == 0:  # one sweep per node, before any worker of this run exists
         preflight.remove_stale_batches()
-    try:
-        config, workers = preflight.apply_policy(config, workers, dist.local_world_size)
-    except preflight.ShmTooSmallError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        backend.shutdown()
-        return EXIT_SHM
-    data = None
-    try:
-        data = build_run_data(config, run_dir, local_data)
-        summary = loop.train(config, backend, dist, data, run_dir, resume, workers)
-    except loop.StopRequested as exc:
-        log.warning("%s; continue with --resume", exc)
-        return 130 if "SIGINT" in str(exc) else 143
-    except (DatasetError, TooManyBadSamplesError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_DATA
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CHECKPOINT
-    except Exception as exc:
-        # The loaders' SIGCHLD handlers (torch's raises) fire again for every further worker
-        # exit, anywhere in this block; we are failing anyway, so restore the default first.
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        too_many = data.train.bad_log.exceeded() if data is not None else None
-        if too_many:  # raised in a worker; Paddle's own error does not carry the message
-            print(f"error: {too_many}", file=sys.stderr)
-            return EXIT_DATA
-        if "TooManyBadSamplesError" in str(exc) or "DatasetError" in str(exc):
-            print(f"error: {one_line(exc)}", file=sys.stderr)  # raised inside a worker
-            return EXIT_DATA
-        culprits = worker_report(data)
-        if culprits:
-            print(f"error: data loader failed: {one_line(exc)}", file=sys.stderr)
-            for line in culprits:
-                print(f"  {line}", file=sys.stderr)
-            print(
-                "HINT: check that record with scripts/validate_data.py; add its key to "
-                "data.skip_keys_file to skip it; for a kill by signal 9, check the memory "
-                "limit (dmesg, docker stats)",
-                file=sys.stderr,
-            )
-            return EXIT_WORKER
-        raise
-    finally:
-        if data is not None:
-            data.close()
-        backend.shutdown()
+    config, workers = preflight.apply_policy(config, workers, dist.local_world_size)
+    held.data = build_run_data(config, run_dir, local_data)
+    summary = loop.train(config, backend, dist, held.data, run_dir, resume, workers)
     if dist.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plots = report.write_plots(run_dir)

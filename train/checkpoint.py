@@ -9,14 +9,18 @@ the latest; ``latest`` names the newest and is replaced atomically too.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import pickle
 import shutil
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from train.errors import CheckpointError  # raised here; main maps it to exit 4
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +36,6 @@ class Position:
     # they were recorded, taken to be from the resuming world size.
     world_size: int = 0
     started_world_size: int = 0
-
-
-class CheckpointError(Exception):
-    pass
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError, ValueError):
@@ -72,28 +72,97 @@ def _fsync_tree(directory: Path) -> None:
                 os.close(fd)
 
 
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file in ``directory`` durable: without it a power loss after
+    os.replace can bring back the old name (ext4, xfs)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _manifest(directory: Path) -> dict[str, dict[str, int]]:
+    """Each file's size and CRC-32, checked on resume: a truncated or damaged file is found
+    before the backend reads it (fast: the files are still in the page cache)."""
+    return {
+        path.name: {"bytes": path.stat().st_size, "crc32": _crc32(path)}
+        for path in sorted(directory.iterdir())
+        if path.is_file()
+    }
+
+
+def _disk_full(error: BaseException, root: Path) -> bool:
+    """Whether a failed write was for want of space: ENOSPC/EDQUOT, or (torch.save reports a
+    failed write as a RuntimeError without the errno) less than 1 MiB left where it wrote."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return shutil.disk_usage(root).free < (1 << 20)
+    except OSError:
+        return False
+
+
+def _save_failed(error: BaseException, disk_full: bool, root: Path, step: int) -> CheckpointError:
+    if disk_full:
+        usage = shutil.disk_usage(root)
+        return CheckpointError(
+            f"disk full: the checkpoint of step {step} does not fit in {root} "
+            f"({usage.free / 1e6:.0f} MB free of {usage.total / 1e6:.0f} MB); its partial files "
+            "are removed and the previous checkpoints are intact. HINT: free space or give the "
+            "run directory a larger volume, lower train.keep_last, then continue with --resume"
+        )
+    return CheckpointError(
+        f"the checkpoint of step {step} could not be written to {root}: "
+        f"{type(error).__name__}: {str(error).strip()[:300]}; its partial "
+        "files are removed and the previous checkpoints are intact. HINT: check that the run "
+        "directory is writable (permissions, a read-only or lost mount), then continue with "
+        "--resume"
+    )
+
+
 def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> Path:
+    """Write a checkpoint of ``position``; on failure (disk full...) remove what was written
+    and raise CheckpointError naming the cause. The previous checkpoints and ``latest`` are
+    touched only once the new one is complete."""
     started = time.perf_counter()
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{position.step:08d}"
     tmp = root / f"step-{position.step:08d}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    backend.save_state(tmp)
-    _fsync_tree(tmp)  # on disk before the rename makes it the latest
-    meta = {
-        "position": asdict(position),
-        "framework": config.framework,
-        "task": config.task,
-        "model": config.model.name,
-        "saved_at": time.time(),
-    }
-    _write_atomic(tmp / "trainer.json", json.dumps(meta, indent=2))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _write_atomic(root / "latest", final.name + "\n")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        backend.save_state(tmp)
+        _fsync_tree(tmp)  # on disk before the rename makes it the latest
+        meta = {
+            "position": asdict(position),
+            "framework": config.framework,
+            "task": config.task,
+            "model": config.model.name,
+            "saved_at": time.time(),
+            "files": _manifest(tmp),
+        }
+        _write_atomic(tmp / "trainer.json", json.dumps(meta, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        _write_atomic(root / "latest", final.name + "\n")
+        _fsync_dir(root)
+    except Exception as error:  # OSError, or the framework's own error for a failed write
+        disk_full = _disk_full(error, root)  # before the cleanup frees the space again
+        shutil.rmtree(tmp, ignore_errors=True)
+        (root / "latest.partial").unlink(missing_ok=True)
+        raise _save_failed(error, disk_full, root, position.step) from error
     for old in sorted(root.glob("step-????????"))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     # Size and time in the log: what a stop grace period (compose, k8s) has to cover.
@@ -113,30 +182,81 @@ def latest(run_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def restore(run_dir: Path, backend, config) -> Position:
-    """Load the latest checkpoint of ``run_dir`` into ``backend``; return where to continue."""
-    path = latest(run_dir)
-    if path is None:
-        raise CheckpointError(
-            f"--resume: no checkpoint in {Path(run_dir) / 'checkpoints'}. HINT: drop --resume to "
-            "start a new run, or point --output-dir at the run to continue"
-        )
+def _newest_first(run_dir: Path) -> list[Path]:
+    """The checkpoints to try on resume: ``latest`` first, then the others, newest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = sorted(root.glob("step-????????"), reverse=True)
+    first = latest(run_dir)
+    return ([first] if first else []) + [p for p in found if p != first]
+
+
+def _verified_meta(path: Path) -> dict:
+    """trainer.json of checkpoint ``path``, after checking its files against the manifest;
+    ValueError (or OSError) naming what is wrong."""
     meta = json.loads((path / "trainer.json").read_text())
-    for key in ("framework", "task", "model"):
-        wanted = (
-            config.framework
-            if key == "framework"
-            else (config.task if key == "task" else config.model.name)
-        )
-        if meta[key] != wanted:
-            raise CheckpointError(
-                f"--resume: {path} was written by {key}={meta[key]}, this config has {wanted}. "
-                "HINT: resume with the config that started the run, or use a new --output-dir"
+    if not isinstance(meta, dict) or "position" not in meta:
+        raise ValueError("trainer.json has no position")
+    Position(**meta["position"])
+    for name, want in meta.get("files", {}).items():  # checkpoints before the manifest: none
+        file = path / name
+        if not file.is_file():
+            raise ValueError(f"{name} is missing")
+        if file.stat().st_size != want["bytes"]:
+            raise ValueError(f"{name} has {file.stat().st_size} bytes, {want['bytes']} written")
+        if _crc32(file) != want["crc32"]:
+            raise ValueError(f"{name} is damaged (CRC-32 differs from the one written)")
+    return meta
+
+
+def restore(run_dir: Path, backend, config) -> Position:
+    """Load the newest usable checkpoint of ``run_dir`` into ``backend``; return where to
+    continue. A checkpoint that fails its checks or its load is skipped with a warning for the
+    one before it; CheckpointError when none is usable."""
+    tried = []
+    for path in _newest_first(run_dir):
+        try:
+            meta = _verified_meta(path)
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            tried.append(f"{path.name}: {error}")
+            log.warning("checkpoint %s is unusable (%s): trying the one before", path, error)
+            continue
+        for key in ("framework", "task", "model"):
+            wanted = (
+                config.framework
+                if key == "framework"
+                else (config.task if key == "task" else config.model.name)
             )
-    backend.load_state(path)
-    position = Position(**meta["position"])
-    log.info("resumed from %s (epoch %d, step %d)", path, position.epoch, position.step)
-    return position
+            if meta[key] != wanted:
+                raise CheckpointError(
+                    f"--resume: {path} was written by {key}={meta[key]}, this config has "
+                    f"{wanted}. HINT: resume with the config that started the run, or use a new "
+                    "--output-dir"
+                )
+        try:
+            backend.load_state(path)
+        except Exception as error:  # whatever the framework's reader raises on a bad file
+            tried.append(f"{path.name}: {type(error).__name__}: {str(error)[:200]}")
+            log.warning("checkpoint %s failed to load (%s): trying the one before", path, error)
+            continue
+        position = Position(**meta["position"])
+        if tried:
+            log.warning(
+                "resumed from %s, an older checkpoint: the newer ones are unusable (%s)",
+                path,
+                "; ".join(tried),
+            )
+        log.info("resumed from %s (epoch %d, step %d)", path, position.epoch, position.step)
+        return position
+    if tried:
+        raise CheckpointError(
+            f"--resume: no usable checkpoint in {Path(run_dir) / 'checkpoints'} ("
+            + "; ".join(tried)
+            + "). HINT: restore the run directory from a backup, or start over with --overwrite"
+        )
+    raise CheckpointError(
+        f"--resume: no checkpoint in {Path(run_dir) / 'checkpoints'}. HINT: drop --resume to "
+        "start a new run, or point --output-dir at the run to continue"
+    )
 
 
 # ---------------------------------------------------------------- the run's best checkpoint

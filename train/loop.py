@@ -5,16 +5,20 @@ python -m train --config configs/ocr/smoke.yaml
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import queue
 import signal
+import threading
 import time
 from pathlib import Path
 
 from datasets.errors import DatasetError
 from datasets.sampler import EpochSampler
-from train import checkpoint, tasks
+from train import checkpoint, faults, tasks
 from train.data import RunData
+from train.errors import NonFiniteLossError, OutOfMemoryError
 from train.telemetry import Telemetry
 from train.weights import apply_init_from
 
@@ -24,13 +28,107 @@ log = logging.getLogger("train")
 class StopRequested(Exception):
     """SIGTERM/SIGINT arrived; the loop saved a checkpoint and stopped."""
 
+    def __init__(self, message: str, signal_name: str) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
 
-def evaluate(backend, loader, task: str) -> dict[str, float]:
-    """One pass over the validation loader; the task's metric, summed over ranks."""
+
+class EvaluationInterrupted(Exception):
+    """A stop request arrived during an evaluation pass (one rank alone): the pass is dropped
+    so that the checkpoint lands within the stop budget instead of after the whole pass, which
+    may take longer than a container's grace period."""
+
+
+def evaluate(backend, loader, task: str, stop_flag: _StopFlag | None = None) -> dict[str, float]:
+    """One pass over the validation loader; the task's metric, summed over ranks. With a
+    ``stop_flag``, a stop request ends the pass within 0.1 s, even while it waits for a batch
+    (EvaluationInterrupted, which carries the loader's batches to close after the checkpoint:
+    see StopAwareBatches)."""
     metric = tasks.get(task).metric()
-    for batch in backend.device_batches(loader):
-        metric.update(backend.predict(batch), backend.batch_labels(batch))
+    host_batches = loader if stop_flag is None else StopAwareBatches(loader, stop_flag)
+    try:
+        for batch in backend.device_batches(host_batches):
+            with out_of_memory_named(backend, "evaluation"):
+                metric.update(backend.predict(batch), backend.batch_labels(batch))
+    except EvaluationInterrupted as interrupted:
+        interrupted.batches = host_batches
+        raise
     return metric.summarize(backend.all_reduce_sum(metric.state()))
+
+
+_END = object()
+
+
+class StopAwareBatches:
+    """The host batches of ``loader``, taken from it by a helper thread, so that the trainer
+    waits for each in 0.1 s slices and checks the stop flag in between: a stop request ends the
+    wait at once (EvaluationInterrupted) instead of after the batch, which on slow storage takes
+    seconds. The loader is opened in the calling thread (the loaders start their workers and
+    signal handlers there) and closed by close(): closing waits for the workers to finish their
+    batches, so the stop closes it after its checkpoint."""
+
+    def __init__(self, loader, stop_flag: _StopFlag) -> None:
+        self.loader, self.stop_flag = loader, stop_flag
+        self.device_prefetch = getattr(loader, "device_prefetch", True)  # torch's knob
+        self._handoff: queue.Queue = queue.Queue(maxsize=1)
+        self._closed = threading.Event()
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        helper = threading.Thread(target=self._take, args=(batches,), daemon=True)
+        helper.name = "evaluation-batches"
+        helper.start()
+        while True:
+            try:
+                batch, error = self._handoff.get(timeout=0.1)
+            except queue.Empty:
+                if self.stop_flag.requested:
+                    raise EvaluationInterrupted from None
+                continue
+            if error is not None:
+                raise error  # the loader's own failure (a dead worker...), classified by main
+            if batch is _END:
+                return
+            yield batch
+
+    def _take(self, batches) -> None:
+        try:
+            for batch in batches:
+                if not self._offer((batch, None)):
+                    break
+            else:
+                self._offer((_END, None))
+        except BaseException as error:
+            self._offer((_END, error))
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:  # a generator (Paddle's): its finally ends the workers
+                close()
+
+    def _offer(self, item: tuple) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+@contextlib.contextmanager
+def out_of_memory_named(backend, where: str):
+    """The framework's out-of-memory exception as OutOfMemoryError (exit 9), with the fix."""
+    try:
+        yield
+    except backend.out_of_memory_errors as exc:
+        raise OutOfMemoryError(
+            f"out of memory in {where} on {backend.device_name}: {str(exc).splitlines()[0]}. "
+            "HINT: lower loader.batch_size, use train.amp (bf16/fp16) on a GPU, or a smaller "
+            "model.name; check that no other process holds the GPU's memory (nvidia-smi)"
+        ) from exc
 
 
 def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, workers: int) -> dict:
@@ -43,6 +141,8 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
             run.stop()  # a checkpoint, then StopRequested
         if epoch_ended:
             run.end_epoch()
+            if run.dist.world_size == 1 and run.stop_flag.requested:
+                run.stop()  # arrived during the epoch's evaluation or checkpoint
     run.evaluate_and_save()  # unless this step's are done already
     return run.finish()
 
@@ -119,6 +219,10 @@ class Run:
         )
         self.stop_flag = _install_stop_handler()
         self.stopping = False
+        self.interrupted_batches = None  # an evaluation loader left open by a stop request
+        self.open_batches = None  # the training batches, left open by a stop request
+        self.resumed_mid_epoch = resume and self.position.epoch_samples > 0
+        self.nonfinite_in_a_row = 0  # steps in a row whose loss was NaN/Inf (train.nonfinite)
         self.loss = None
         self.last_eval: dict[str, float] = {}
         self.saved_at = self.evaluated_at = None  # the steps of the last checkpoint, evaluation
@@ -130,13 +234,19 @@ class Run:
         position, every, backend = self.position, self.train_cfg, self.backend
         self.sampler.set_epoch(position.epoch, consumed=position.epoch_samples)
         self.data.train.start_epoch(position.epoch)
+        if self.resumed_mid_epoch:  # the epoch's bad samples before the checkpoint count too
+            self.data.train.count_resumed(self.sampler.consumed_positions())
+            self.resumed_mid_epoch = False
         left = len(self.sampler)  # this rank's samples in the rest of the epoch
-        for batch in self.telemetry.timed(backend.device_batches(self.loader)):
-            with backend.profile_range("train_step"):
+        batches = self.telemetry.timed(backend.device_batches(self.loader))
+        for batch in batches:
+            with backend.profile_range("train_step"), out_of_memory_named(backend, "a train step"):
+                batch = faults.before_step(position.step + 1, batch, backend)
                 self.loss = backend.train_step(batch)
             position.step += 1
             position.epoch_samples += self.batch_size * self.dist.world_size
             left -= self.batch_size
+            self.check_finite(read=len(self.sampler) - left)
             self.telemetry.step_done(position.step)
             if position.step % every.log_every == 0:
                 bad = sum(self.data.train.bad_log.epoch_counts().values())
@@ -150,6 +260,9 @@ class Run:
                 self.stop_flag, position.step, every.log_every, self.dist, backend
             )
             if self.stopping:
+                # Closing the loader waits for its workers to finish their batches (seconds on
+                # slow storage): it stays open until the stop's checkpoint is written.
+                self.open_batches = batches
                 return False
             if position.step >= self.total_steps:
                 # The last step may also have been the epoch's last batch.
@@ -204,6 +317,43 @@ class Run:
             position.epoch_samples,
         )
 
+    def check_finite(self, read: int) -> None:
+        """train.nonfinite: the step just done had a NaN/Inf loss (its update was skipped by
+        the backend, on every rank): abort, or go on until too many in a row. ``read``: this
+        rank's samples read so far in the rest of the epoch, the step's batch the last of them."""
+        if not self.backend.nonfinite_step:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        position, policy = self.position, self.train_cfg
+        samples = self.sampler.positions()[read - self.batch_size : read].tolist()
+        where = (
+            f"step {position.step} (epoch {position.epoch}, this rank's batch of samples {samples})"
+        )
+        if policy.nonfinite == "skip" and self.nonfinite_in_a_row <= policy.nonfinite_max_skips:
+            log.warning(
+                "non-finite loss or gradients at %s: update skipped (%d in a row, "
+                "train.nonfinite_max_skips %d)",
+                where,
+                self.nonfinite_in_a_row,
+                policy.nonfinite_max_skips,
+            )
+            return
+        problem = (
+            f"the loss or its gradients were not finite (loss {self.backend.to_float(self.loss)}) "
+            f"at {where}"
+            if policy.nonfinite == "abort"
+            else f"{self.nonfinite_in_a_row} steps in a row with a non-finite loss or "
+            f"gradients, the last at {where}"
+        )
+        saved = checkpoint.latest(self.run_dir)
+        raise NonFiniteLossError(
+            f"{problem}; the weights were not updated by it, nor checkpointed (latest "
+            f"checkpoint: {saved}). HINT: lower optim.lr or raise optim.warmup_steps, set "
+            "optim.grad_clip, check that batch with scripts/validate_data.py; "
+            "train.nonfinite: skip steps over rare bad batches"
+        )
+
     def end_epoch(self) -> None:
         """The epoch's record (bad samples by kind); then, while the run goes on, the epoch's
         evaluation and checkpoint when they are per epoch (train.eval_every,
@@ -230,7 +380,24 @@ class Run:
     def evaluate(self) -> None:
         if self.val_loader is not None:
             self.backend.sync_buffers()  # every rank evaluates the checkpoint's model
-            self.last_eval = evaluate(self.backend, self.val_loader, self.config.task)
+            log.info("evaluating at step %d", self.position.step)
+            started = time.monotonic()
+            # A stop request ends the pass at once. Not with several ranks: one alone dropping
+            # its pass would leave the others waiting in its all-reduce.
+            stop_flag = self.stop_flag if self.dist.world_size == 1 else None
+            try:
+                result = evaluate(self.backend, self.val_loader, self.config.task, stop_flag)
+            except EvaluationInterrupted as interrupted:
+                self.interrupted_batches = interrupted.batches
+                result = None
+            if result is None:
+                log.warning(
+                    "evaluation at step %d interrupted by the stop request after %.1f s",
+                    self.position.step,
+                    time.monotonic() - started,
+                )
+                return
+            self.last_eval = result
             position = self.position
             record = {"type": "eval", "step": position.step, "epoch": position.epoch}
             self.telemetry.emit({**record, **self.last_eval})
@@ -269,8 +436,13 @@ class Run:
         # launcher's burst. Python puts the default action back while the interpreter exits,
         # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.interrupted_batches is not None:  # now the loader may take its time to close
+            self.interrupted_batches.close()
+        self.open_batches = None
         by = self.stop_flag.signal_name or "another rank's stop signal"
-        raise StopRequested(f"stopped by {by} at step {self.position.step}")
+        raise StopRequested(
+            f"stopped by {by} at step {self.position.step}", self.stop_flag.signal_name
+        )
 
     def finish(self) -> dict:
         """Close the telemetry; the run's summary."""

@@ -33,8 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from datasets.batch_ring import RING_PREFIX
+from datasets.cache import MEMORY_FILE
 from datasets.handles import process_alive
 from train import tasks
+from train.errors import ShmTooSmallError
 
 log = logging.getLogger("train")
 
@@ -45,10 +47,6 @@ SHM_FIX = (
     "/dev/shm; or lower loader.prefetch_factor / loader.num_workers; or set "
     "shm.policy: adapt"
 )
-
-
-class ShmTooSmallError(Exception):
-    pass
 
 
 def sample_bytes(config, sample: dict | None = None) -> int:
@@ -142,7 +140,8 @@ def stale_batches(
     """Paddle batch files whose creator process is gone and that are older than
     ``older_than_s``: no process will ever take them. Both conditions, so that a batch in
     flight (young) and Paddle's reusable shm-cache buffers (creator alive) are never listed.
-    Batch-ring files are listed as soon as their trainer process is gone, whatever their age."""
+    Batch-ring files are listed as soon as their trainer process is gone, whatever their age,
+    and so are data.cache: memory's files (datasets/cache.py): only their trainer reads them."""
     now = time.time() if now is None else now
     stale = StaleBatches({})
     try:
@@ -151,15 +150,16 @@ def stale_batches(
         return stale
     for entry in entries:
         ring = _RING_FILE.fullmatch(entry.name)
-        match = ring or _PADDLE_BATCH_FILE.fullmatch(entry.name)
+        cache = MEMORY_FILE.fullmatch(entry.name)
+        match = ring or cache or _PADDLE_BATCH_FILE.fullmatch(entry.name)
         if not match:
             continue
         try:
             stat = entry.stat(follow_symlinks=False)
         except OSError:
             continue  # taken meanwhile
-        old = ring or now - stat.st_mtime >= older_than_s
-        if old and not process_alive(int(match.group(1))):
+        old_enough = ring or cache or now - stat.st_mtime >= older_than_s
+        if old_enough and not process_alive(int(match.group(1))):
             stale.sizes[Path(entry.path)] = stat.st_size
     return stale
 
@@ -175,8 +175,8 @@ def remove_stale_batches(path: str = SHM_PATH, older_than_s: float = STALE_AFTER
         removed, freed = removed + 1, freed + size
     if removed:
         log.warning(
-            "%s: removed %d batch file(s), %s, left by Paddle processes that died before "
-            "their batches were taken",
+            "%s: removed %d file(s), %s, left by processes that died without removing them "
+            "(Paddle's batch files, batch rings, data.cache: memory)",
             path,
             removed,
             _mb(freed),

@@ -104,6 +104,7 @@ def _open_ocr(data, path: str, *, train: bool, seed: int = 0, **policy) -> Recor
         image_shape=tuple(data.image_shape),
         max_text_length=data.max_text_length,
         augment=data.augment,
+        max_image_pixels=data.max_image_pixels,
         **policy,
     )
 
@@ -172,6 +173,7 @@ def _open_images(data, path: str, *, train: bool, seed: int = 0, **policy) -> Re
         seed=seed,
         image_size=data.image_size,
         eval_resize=data.eval_resize,
+        max_image_pixels=data.max_image_pixels,
         **policy,
     )
 

@@ -42,16 +42,7 @@ from typing import Any
 import numpy as np
 
 from train import tasks
-
-
-class DeviceUnavailableError(RuntimeError):
-    """train.device asks for a GPU this process cannot train on (a CPU build, no visible GPU,
-    a driver too old for the build, fewer GPUs than ranks). ``reason`` and ``fix`` are one line
-    each; python -m train prints them and exits with EXIT_DEVICE."""
-
-    def __init__(self, reason: str, fix: str) -> None:
-        super().__init__(f"{reason}. HINT: {fix}")
-        self.reason, self.fix = reason, fix
+from train.errors import DeviceUnavailableError  # noqa: F401  (re-exported: backends raise it)
 
 
 @dataclass(frozen=True)
@@ -68,6 +59,12 @@ class DistInfo:
 
 class Backend(abc.ABC):
     name: str
+    # The exceptions the framework raises when the device (or host) runs out of memory; the
+    # loop turns them into train.errors.OutOfMemoryError (exit 9).
+    out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)
+    # Whether the last train_step's loss was NaN/Inf on any rank (every rank agrees): that step
+    # then left the weights as they were (the LR schedule still advanced).
+    nonfinite_step: bool = False
 
     def __init__(self, task: str, train) -> None:
         self.task = tasks.get(task)  # what is trained: train/tasks.py
@@ -147,7 +144,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def train_step(self, batch: dict[str, Any]) -> Any:
         """Forward, loss, backward, clip, optimizer and LR-schedule step. Returns the loss as a
-        framework scalar without synchronizing the device."""
+        framework scalar. Before the optimizer step it checks, over all ranks, that the loss is
+        finite (one synchronization per step); when not, it skips the update and sets
+        ``nonfinite_step``, so NaN weights never reach a checkpoint."""
 
     @abc.abstractmethod
     def to_float(self, loss: Any) -> float:

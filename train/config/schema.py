@@ -64,6 +64,10 @@ class DataConfig:
     cache_dir: str = ".cache/data"  # cache: disk keeps its memory-mapped file here
     cache_max_bytes: ByteSize = 2 * GIB  # the cache's bound (memory or disk)
     max_bad_fraction: Fraction = 0.01  # abort when more samples than this fail to decode
+    # An image with more pixels (read from its header, before decoding) is a bad sample of
+    # kind image_too_large: 40 M fits ImageNet's largest photos and long text lines, and keeps a
+    # 20000 x 20000 scan or a PNG decompression bomb from taking a worker's memory.
+    max_image_pixels: PositiveInt = 40_000_000
     skip_keys_file: str | None = None  # keys to skip, one per line (e.g. an earlier run's)
     remote_cache_dir: str = ".cache/remote"  # where s3:// data is staged before reading
     remote_cache_max_bytes: ByteSize | None = None  # None: no limit
@@ -141,6 +145,11 @@ class TrainConfig:
     device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: a GPU when there is one
     checkpoint_every: PositiveInt | None = None  # steps; None: at the end of each epoch
     keep_last: PositiveInt = 3  # checkpoints kept
+    # A step whose loss is NaN/Inf (on any rank) never updates the weights. abort: the run stops
+    # there (exit 8), naming the step and batch; skip: it goes on with the next batch, and stops
+    # after nonfinite_max_skips such steps in a row.
+    nonfinite: Literal["abort", "skip"] = "abort"
+    nonfinite_max_skips: PositiveInt = 10
     stall_warn_fraction: Fraction = 0.3  # warn when steps wait on data longer than this share
     # Seconds a rank waits for the others, at the start (rendezvous, NCCL setup) and in every
     # collective, before the run fails. Every rank stages s3:// data before it joins, so one

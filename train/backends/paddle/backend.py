@@ -255,28 +255,50 @@ class PaddleBackend(Backend):
     def train_step(self, batch: dict[str, Any]) -> paddle.Tensor:
         self._set_training(True)
         self._reseed()
+        # The forward pass updates BatchNorm's running statistics (parameters that take no
+        # gradient) before the loss is known: kept, so that a NaN/Inf step can put them back.
+        stats = [p for p in self.net.parameters() if p.stop_gradient]
+        saved = [p.detach().clone() for p in stats]
         with self._autocast():
             logits = self.model(batch["image"])
         loss = self._head.loss(logits.astype("float32"), batch)  # losses in float32 under AMP
         # Accumulators are created on the first optimizer step: name them from our generator.
         with self._own_names():
-            if self.scaler is None:
-                loss.backward()
-                self._clip_gradients()
-                self.optimizer.step()
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+            self.nonfinite_step = not self._finite_on_all_ranks(loss.detach())
+            if self.nonfinite_step:  # leave the weights, moments and statistics as they were
+                for parameter, before in zip(stats, saved):
+                    parameter.set_value(before)
             else:
-                self.scaler.scale(loss).backward()
                 self._clip_gradients()
-                # step() runs the optimizer unless the gradients overflowed (unscaling them
-                # first unless _clip_gradients did); update() adapts the scale. Not minimize():
-                # Optimizer.minimize walks the parameter list, which holds our parameter groups
-                # (dicts), and fails with "must be list of Tensor, but got dict".
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
+                if self.scaler is None:
+                    self.optimizer.step()
+                else:
+                    # step() runs the optimizer unless the gradients overflowed (unscaling them
+                    # first unless _clip_gradients did); update() adapts the scale. Not
+                    # minimize(): Optimizer.minimize walks the parameter list, which holds our
+                    # parameter groups (dicts), and fails with "must be list of Tensor, but got
+                    # dict".
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
         self.optimizer.clear_grad(set_to_zero=False)  # frees the gradients, like set_to_none
         self.scheduler.step()
         self.step += 1
         return loss.detach()
+
+    def _finite_on_all_ranks(self, loss: paddle.Tensor) -> bool:
+        """Whether the loss, and the gradients unless fp16's scaler watches them (it skips
+        overflowed steps itself), are finite on every rank. The gradients too: CTC's loss over
+        NaN inputs can be finite while its gradients are NaN."""
+        total = loss.astype("float32").reshape([1])
+        if self.scaler is None:
+            grads = [p.grad for p in self._trainable if p.grad is not None]
+            if grads:  # NaN and Inf survive a sum: one reduction instead of one per tensor
+                total = total + paddle.add_n([g.astype("float32").sum() for g in grads])
+        finite = paddle.isfinite(total).astype("float32").reshape([1])
+        if self.dist.world_size > 1:  # every rank skips or none does (the next step agrees)
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return bool(finite.item())
 
     def _clip_gradients(self) -> None:
         """optim.grad_clip: scale the gradients so that the norm of all of them together is at

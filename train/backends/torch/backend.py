@@ -41,6 +41,7 @@ STATE_FILES = ("model", "optimizer", "scheduler", "scaler", "rng")
 
 
 class TorchBackend(Backend):
+    out_of_memory_errors = (torch.cuda.OutOfMemoryError, MemoryError)
     name = "torch"
 
     def __init__(self, task: str, train) -> None:
@@ -264,12 +265,24 @@ class TorchBackend(Backend):
 
     def train_step(self, batch: dict[str, Any]) -> torch.Tensor:
         self._set_training(True)
+        # The forward pass updates BatchNorm's running statistics before the loss is known:
+        # kept, so that a NaN/Inf step can put them back (a copy of a few KB to MB per step).
+        stats = [b for b in self.net.buffers() if b.is_floating_point()]
+        saved = [b.detach().clone() for b in stats]
         with self.profile_range("forward"), self._autocast():
             scores = self.model(batch["image"])
         loss = self._head.loss(scores.float(), batch)  # losses in float32 whatever the autocast
         self.optimizer.zero_grad(set_to_none=True)
         with self.profile_range("backward"):
             self.scaler.scale(loss).backward()
+        self.nonfinite_step = not self._finite_on_all_ranks(loss.detach())
+        if self.nonfinite_step:  # NaN gradients too: leave the weights and moments as they are
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for buffer, before in zip(stats, saved):
+                    buffer.copy_(before)
+            self.scheduler.step()
+            return loss.detach()
         with self.profile_range("optimizer"):
             if self.grad_clip is not None:
                 self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
@@ -278,6 +291,20 @@ class TorchBackend(Backend):
             self.scaler.update()
             self.scheduler.step()
         return loss.detach()
+
+    def _finite_on_all_ranks(self, loss: torch.Tensor) -> bool:
+        """Whether the loss, and the gradients unless fp16's scaler watches them (it skips
+        overflowed steps itself), are finite on every rank. The gradients too: a loss can be
+        finite over NaN inputs (Paddle's CTC) while its gradients are not."""
+        total = loss.float()
+        if not self.scaler.is_enabled():
+            grads = [p.grad for p in self.net.parameters() if p.grad is not None]
+            if grads:  # NaN and Inf survive a sum: one reduction instead of one per tensor
+                total = total + torch.stack([g.sum() for g in grads]).sum()
+        finite = torch.isfinite(total).to(torch.float32)
+        if self.dist.world_size > 1:  # every rank skips or none does (DDP's next step agrees)
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return bool(finite.item())
 
     def to_float(self, loss: Any) -> float:
         return float(loss.item())

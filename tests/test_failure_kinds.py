@@ -1,0 +1,122 @@
+"""Each kind of failure ends `python -m train` with its own exit code and message (train/errors.py),
+never as "a loader worker died" unless one did: an exception in a sample's code, an out-of-memory
+in a step, a NaN loss (train.nonfinite: abort | skip). Real processes, both frameworks; the
+faults come in through the injection seams (datasets/faults.py in loader workers,
+train/faults.py in the trainer), which no production config sets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from datasets.sampler import EpochSampler
+from tests.test_resume import final_weights
+from tests.test_train import ROOT, train_cmd
+
+PAIRS = [
+    pytest.param("ocr", "paddle", marks=pytest.mark.paddle),
+    pytest.param("resnet50", "torch", marks=pytest.mark.torch),
+]
+SHORT = ["train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=100"]
+
+
+def run(task, framework, run_dir, fixtures, env, extra=()):
+    cmd = train_cmd(task, framework, run_dir, [*SHORT, *extra], *fixtures)
+    env = {**os.environ, **env}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*"))
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_exception_in_a_sample_is_not_a_dead_worker(task, framework, tmp_path, ocr_lmdb, image_h5):
+    """Before: exit 6, "worker ... running for 0s on sample" naming whichever samples the
+    workers happened to be on."""
+    result = run(
+        task, framework, tmp_path / "run", (ocr_lmdb, image_h5), {"DATA_INJECT_FAULT": "raise@5"}
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "raised on sample #5 (key" in result.stderr, result.stderr[-3000:]
+    assert "a bug, not a dead worker" in result.stderr
+    assert "died" not in result.stderr and "running for" not in result.stderr
+    assert "Traceback" in result.stderr  # a bug: its traceback is what fixes it
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_out_of_memory_in_a_step_is_its_own_exit_code(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    result = run(
+        task, framework, tmp_path / "run", (ocr_lmdb, image_h5), {"TRAIN_INJECT_FAULT": "oom@3"}
+    )
+    assert result.returncode == 9, result.stderr[-3000:]
+    assert "error: out of memory in a train step" in result.stderr
+    assert "lower loader.batch_size" in result.stderr
+    assert "worker" not in result.stderr.split("error: out of memory")[1]
+    assert "Traceback" not in result.stderr
+
+
+def assert_finite(run_dir, framework, step):
+    weights = final_weights(run_dir, framework, step)
+    assert weights and all(np.isfinite(w).all() for w in weights.values() if w.dtype.kind == "f")
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_nan_loss_aborts_naming_step_and_batch(task, framework, tmp_path, ocr_lmdb, image_h5):
+    run_dir = tmp_path / "run"
+    result = run(task, framework, run_dir, (ocr_lmdb, image_h5), {"TRAIN_INJECT_FAULT": "nan@3"})
+    assert result.returncode == 8, result.stderr[-3000:]
+    problem = "error: the loss or its gradients were not finite (loss "
+    assert problem in result.stderr, result.stderr[-3000:]
+    where = result.stderr.split(problem)[1]
+    # The third batch of 8 in epoch 0's order, by sample index (the smoke configs' seed 0).
+    size = 96 if task == "ocr" else 24
+    batch = EpochSampler(size, seed=0).positions()[16:24].tolist()
+    assert f") at step 3 (epoch 0, this rank's batch of samples {batch})" in where, where
+    assert checkpoint_steps(run_dir) == [2]  # nothing saved after the NaN
+    assert_finite(run_dir, framework, 2)
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_nan_loss_skipped_leaves_finite_weights(task, framework, tmp_path, ocr_lmdb, image_h5):
+    run_dir = tmp_path / "run"
+    env = {"TRAIN_INJECT_FAULT": "nan@3,nan@4"}
+    result = run(task, framework, run_dir, (ocr_lmdb, image_h5), env, ["train.nonfinite=skip"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("non-finite loss or gradients at step") == 2
+    assert "update skipped (2 in a row" in result.stderr
+    assert checkpoint_steps(run_dir)[-1] == 6
+    assert_finite(run_dir, framework, 6)
+
+
+@pytest.mark.torch
+def test_too_many_nonfinite_losses_in_a_row_abort(tmp_path, image_h5):
+    run_dir = tmp_path / "run"
+    env = {"TRAIN_INJECT_FAULT": "nan@3,nan@4,nan@5"}
+    extra = ["train.nonfinite=skip", "train.nonfinite_max_skips=2"]
+    result = run("resnet50", "torch", run_dir, (None, image_h5), env, extra)
+    assert result.returncode == 8, result.stderr[-3000:]
+    assert (
+        "error: 3 steps in a row with a non-finite loss or gradients, the last at step 5"
+        in result.stderr
+    )
+    assert checkpoint_steps(run_dir) == [2, 4]
+    assert_finite(run_dir, "torch", 4)
+
+
+@pytest.mark.torch
+def test_batch_larger_than_the_dataset_is_a_data_error(tmp_path, ocr_lmdb, image_h5):
+    """docs/reliability.md cited this before any test had it."""
+    result = run(
+        "resnet50", "torch", tmp_path / "run", (ocr_lmdb, image_h5), {}, ["loader.batch_size=32"]
+    )
+    assert result.returncode == 3, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert "loader.batch_size 32 is larger than this rank's 24 samples" in errors[0]
+    assert "HINT: lower loader.batch_size" in errors[0] and "Traceback" not in result.stderr

@@ -1,0 +1,43 @@
+"""Fault injection in the trainer's own process, for reliability tests and to reproduce a
+failure on purpose (loader workers have theirs: datasets/faults.py).
+
+    TRAIN_INJECT_FAULT=nan@5 python -m train --config ...
+
+multiplies the images of the batch of step 5 by NaN, so that step's loss is NaN;
+``oom@5`` raises the backend's own out-of-memory exception (torch.cuda.OutOfMemoryError,
+Paddle's MemoryError) in place of step 5, as a CUDA allocator that runs out would. Several
+faults: ``nan@5,nan@6``. Unset (every production config), it costs one lookup per step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+ENV = "TRAIN_INJECT_FAULT"
+KINDS = ("nan", "oom")
+
+
+def _faults() -> dict[int, str]:
+    faults = {}
+    for item in filter(None, os.environ.get(ENV, "").split(",")):
+        kind, _, step = item.partition("@")
+        if kind not in KINDS or not step.isdigit():
+            raise ValueError(f"{ENV}={item!r}: use KIND@STEP with KIND one of {', '.join(KINDS)}")
+        faults[int(step)] = kind
+    return faults
+
+
+_FAULTS = _faults()
+
+
+def before_step(step: int, batch: dict, backend) -> dict:
+    """The batch for ``step`` (1-based), poisoned or replaced by an exception if asked."""
+    kind = _FAULTS.get(step)
+    if kind == "nan":
+        return {**batch, "image": batch["image"] * math.nan}
+    if kind == "oom":
+        raise backend.out_of_memory_errors[0](
+            f"CUDA out of memory. Tried to allocate 2.00 GiB ({ENV}=oom@{step}, injected)"
+        )
+    return batch

@@ -1,0 +1,75 @@
+"""One run per output directory: a lock that a second run reports at once.
+
+Two runs writing one directory (a replacement pod started while the old one is still
+terminating, --auto-resume started twice) would interleave checkpoints, rotate each other's
+out and mix their metrics. The writer (global rank 0: the only rank that writes the run
+directory) holds ``flock`` on ``<run dir>/.lock`` for its whole life. The kernel releases it
+however the process ends, kill -9 included, so a lock is never stale once its holder is gone;
+the file keeps the holder's pid, host and start time for the error message only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from train.errors import OutputDirLockedError
+
+LOCK_NAME = ".lock"
+
+
+class RunLock:
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        """Take the lock or raise OutputDirLockedError naming the holder."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise OutputDirLockedError(
+                f"{self.path.parent} is in use by another run ({holder}). HINT: wait for that "
+                "run to end (a replacement pod: until the old one has terminated), stop it, or "
+                "give this run another --output-dir"
+            ) from None
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": " ".join(sys.argv)[:300],
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)  # no holder to name any more
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        holder = {}
+    if not holder:
+        return "its holder is just starting"
+    return (
+        f"pid {holder.get('pid')} on host {holder.get('host')}, started "
+        f"{holder.get('started')}: {holder.get('command')}"
+    )
