@@ -42,8 +42,9 @@ def test_exception_in_a_sample_is_not_a_dead_worker(task, framework, tmp_path, o
     )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "raised on sample #5 (key" in result.stderr, result.stderr[-3000:]
-    assert "a bug, not a dead worker" in result.stderr
-    assert "died" not in result.stderr and "running for" not in result.stderr
+    assert "a bug, not a dead worker" in result.stderr, result.stderr[-3000:]
+    assert "died" not in result.stderr, result.stderr[-3000:]
+    assert "running for" not in result.stderr, result.stderr[-3000:]
     assert "Traceback" in result.stderr  # a bug: its traceback is what fixes it
 
 
