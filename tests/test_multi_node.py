@@ -24,18 +24,11 @@ import pytest
 from tests.test_distributed import free_port
 from tests.test_remote import _bucket, s3, s3_server  # noqa: F401  (fixtures)
 from tests.test_stop_signals import ANY_STOP, only_checkpoint_step
+from tests.test_stop_signals import SETTINGS as STOP_SETTINGS
 from tests.test_train import ROOT, set_args
 
-# checkpoint_every beyond the run: the stopped run's only checkpoint is the one its stop wrote.
-SETTINGS = [
-    "train.max_steps=400",
-    "train.log_every=1",
-    "train.eval_every=100000",
-    "train.checkpoint_every=100000",
-    "optim.warmup_steps=2",
-    "loader.num_workers=1",
-    "data.val=null",
-]
+# As test_stop_signals: the stopped run's only checkpoint is the one its stop wrote.
+SETTINGS = [*STOP_SETTINGS, "loader.num_workers=1", "data.val=null"]
 
 
 def node_env(s3_server) -> dict[str, str]:  # noqa: F811  (the fixture's name)

@@ -129,6 +129,24 @@ def _save_failed(error: BaseException, disk_full: bool, root: Path, step: int) -
     )
 
 
+def _write_state(directory: Path, backend, position: Position, config) -> None:
+    """A complete checkpoint in the new ``directory``: the backend's files, then trainer.json
+    (the position, what wrote it, each file's size and CRC-32 for restore to verify), all on
+    disk before a rename makes it a checkpoint."""
+    directory.mkdir(parents=True)
+    backend.save_state(directory)
+    _fsync_tree(directory)
+    meta = {
+        "position": asdict(position),
+        "framework": config.framework,
+        "task": config.task,
+        "model": config.model.name,
+        "saved_at": time.time(),
+        "files": _manifest(directory),
+    }
+    _write_atomic(directory / "trainer.json", json.dumps(meta, indent=2))
+
+
 def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> Path:
     """Write a checkpoint of ``position``; on failure (disk full...) remove what was written
     and raise CheckpointError naming the cause. The previous checkpoints and ``latest`` are
@@ -140,18 +158,7 @@ def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> 
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        backend.save_state(tmp)
-        _fsync_tree(tmp)  # on disk before the rename makes it the latest
-        meta = {
-            "position": asdict(position),
-            "framework": config.framework,
-            "task": config.task,
-            "model": config.model.name,
-            "saved_at": time.time(),
-            "files": _manifest(tmp),
-        }
-        _write_atomic(tmp / "trainer.json", json.dumps(meta, indent=2))
+        _write_state(tmp, backend, position, config)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -308,17 +315,7 @@ def save_best(run_dir: Path, backend, position: Position, config, metric: str, v
     run_dir = Path(run_dir)
     final, tmp, old = (run_dir / f"{BEST_DIR}{end}" for end in ("", ".partial", ".old"))
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    backend.save_state(tmp)
-    _fsync_tree(tmp)
-    meta = {
-        "position": asdict(position),
-        "framework": config.framework,
-        "task": config.task,
-        "model": config.model.name,
-        "saved_at": time.time(),
-    }
-    _write_atomic(tmp / "trainer.json", json.dumps(meta, indent=2))
+    _write_state(tmp, backend, position, config)
     record = {"metric": metric, "value": value, "step": position.step, "epoch": position.epoch}
     _write_atomic(tmp / BEST_METRIC_FILE, json.dumps(record, indent=2))
     # Two renames: a crash between them leaves best.old, which best() still finds.
