@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from train.__main__ import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, one_line
+from train.__main__ import one_line
+from train.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

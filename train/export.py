@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from train.__main__ import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, one_line
+from train.__main__ import one_line
+from train.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA
 from train.evaluate import add_model_arguments
 
 FORMATS = {"paddle-inference": "paddle", "pdparams": "paddle", "onnx": "torch"}

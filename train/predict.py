@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from train.__main__ import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, one_line
+from train.__main__ import one_line
+from train.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA
 
 
 class Model:
