@@ -227,3 +227,75 @@ def test_fine_tuning_configs_read_the_weights_where_the_converter_writes_them(
         assert (config.framework, config.model.name) == (framework, "ppocrv4_rec")
         assert config.model.init_from == str(weights)
         assert config.data.use_space_char and config.data.image_shape == [3, 48, 320]
+
+
+@pytest.mark.paddle
+def test_a_fine_tuned_ppocrv4_exports_to_an_inference_model_paddleocr_reads(
+    ppocrv4_files, ocr_lmdb, tmp_path
+):
+    """The fine-tuning scenario's end (issue 14 with the export of issue 12): a run fine-tuned
+    from the released weights, exported by train.export as a Paddle inference model, is read
+    by PaddleOCR's own TextRecognizer (the paddleocr wheel's tools/infer/predict_rec.py, as
+    PaddleOCR sets up its PP-OCRv4 recognizer: SVTR_LCNet) with the texts train.predict gives.
+    Lines wider than 320/48 are left out: PaddleOCR widens a batch's canvas for them where our
+    contract squeezes them (docs/after_training.md)."""
+    import json
+
+    import paddleocr  # noqa: F401  (puts the wheel's tools/ and ppocr/ on sys.path)
+    from tools.infer.predict_rec import TextRecognizer
+    from tools.infer.utility import init_args
+
+    from datasets.decode import decode_bgr
+    from datasets.lmdb_ocr import LmdbOcrSource
+
+    weights_dir = tmp_path / "weights"
+    done = _convert("--onnx", str(ppocrv4_files["onnx"]), "--out-dir", str(weights_dir), "--quiet")
+    assert done.returncode == 0, done.stderr
+    run_dir, export = tmp_path / "run", tmp_path / "export"
+    sets = [
+        f"data.train={ocr_lmdb}",
+        f"data.val={ocr_lmdb}",
+        f"data.char_dict={weights_dir / 'ppocr_keys.txt'}",
+        f"model.init_from={weights_dir / 'ppocrv4_rec.pdparams'}",
+        "loader.batch_size=4",
+        "loader.num_workers=0",
+        "train.max_steps=2",
+        "optim.warmup_steps=1",
+        "train.eval_every=2",
+        "train.checkpoint_every=2",
+    ]
+    cmd = [sys.executable, "-m", "train", "--config", FINETUNE_CONFIGS["paddle"]]
+    cmd += ["--output-dir", str(run_dir), *[a for s in sets for a in ("--set", s)]]
+    for command in (
+        cmd,
+        [sys.executable, "-m", "train.export", "--run", str(run_dir)]
+        + ["--format", "paddle-inference", "--out", str(export)],
+    ):
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    source = LmdbOcrSource(ocr_lmdb)
+    images = [decode_bgr(source.read(i)[0]) for i in range(len(source))]
+    narrow = [i for i, image in enumerate(images) if image.shape[1] / image.shape[0] <= 320 / 48]
+    assert len(narrow) >= 20
+    predicted = subprocess.run(
+        [sys.executable, "-m", "train.predict", "--model", str(export), str(ocr_lmdb)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = [line.split("\t") for line in predicted.stdout.splitlines() if "\t" in line][1:]
+    ours = [rows[i][1] for i in narrow]
+
+    spec = json.loads((export / "preprocess.json").read_text())
+    assert spec["model"] == "ppocrv4_rec" and spec["channel_order"].startswith("BGR")
+    args = init_args().parse_args([])
+    args.rec_model_dir, args.rec_char_dict_path = str(export), str(export / spec["dictionary"])
+    args.rec_image_shape = ",".join(map(str, spec["image_shape"]))
+    args.use_space_char, args.use_gpu = spec["use_space_char"], False
+    args.rec_algorithm = "SVTR_LCNet"  # what PaddleOCR runs PP-OCRv4's recognizer as
+    texts, _ = TextRecognizer(args)([images[i] for i in narrow])
+    assert [text for text, _ in texts] == ours
+    assert sum(bool(text) for text in ours) > len(ours) // 4  # it reads: not all blank
