@@ -75,3 +75,34 @@ def test_memory_cache_file_is_removed_on_close(image_h5, tmp_path):
     import os
 
     assert not os.path.exists(path)
+
+
+def _read_in_a_process(dataset, indices, results) -> None:
+    """A loader worker's part: read ``indices`` through the shared cache, report the labels."""
+    results.put([int(dataset[i]["label"]) for i in indices])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_two_worker_processes_share_one_memory_cache(image_h5, tmp_path, context):
+    """What one worker caches, another process hits: worker A reads the first half (misses,
+    inserts), then worker B reads everything (hits on A's half, misses on the rest), then the
+    trainer's process hits on all. Real processes, as the loaders start them."""
+    import multiprocessing
+
+    dataset = build_image_dataset(image_h5, train=False, cache="memory", state_dir=tmp_path)
+    plain = build_image_dataset(image_h5, train=False, state_dir=tmp_path / "plain")
+    ctx = multiprocessing.get_context(context)
+    results = ctx.Queue()
+    for indices in (range(12), range(24)):
+        worker = ctx.Process(target=_read_in_a_process, args=(dataset, list(indices), results))
+        worker.start()
+        labels = results.get(timeout=120)
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+        assert labels == [int(plain[i]["label"]) for i in indices]
+    stats = dataset.cache.stats()
+    assert (stats["inserts"], stats["misses"], stats["hits"]) == (24, 12 + 12, 12)
+    for i in range(24):  # the trainer's process: all from what the workers cached
+        assert np.array_equal(dataset[i]["image"], plain[i]["image"])
+    assert dataset.cache.stats()["hits"] == 12 + 24
+    dataset.close()
