@@ -32,7 +32,7 @@ SETTINGS = [
     "optim.warmup_steps=2",
 ]
 STOPPED = re.compile(r"stopped by SIGTERM at step (\d+); continue with --resume")
-# A rank that has not had its own signal yet stops with the others (see loop._stop_now).
+# A rank that has not had its own signal yet stops with the others (see train/stops.py, stop_now).
 ANY_STOP = re.compile(r"stopped by (?:SIGTERM|another rank's stop signal) at step (\d+);")
 
 

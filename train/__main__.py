@@ -194,12 +194,12 @@ class Held:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from train import loop
+    from train.stops import StopRequested
 
     held = Held()
     try:
         return run(args, held)
-    except loop.StopRequested as exc:
+    except StopRequested as exc:
         log.warning("%s; continue with --resume", exc)
         return 130 if exc.signal_name == "SIGINT" else 143
     except Exception as exc:

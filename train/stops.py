@@ -1,0 +1,157 @@
+"""Stop requests: SIGTERM/SIGINT handling, the ranks' agreement to stop at the same step, and
+evaluation batches that a stop can interrupt. Framework-free; train/loop.py calls these.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+
+log = logging.getLogger("train")
+
+
+class StopRequested(Exception):
+    """SIGTERM/SIGINT arrived; the loop saved a checkpoint and stopped."""
+
+    def __init__(self, message: str, signal_name: str) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name
+
+
+class EvaluationInterrupted(Exception):
+    """A stop request arrived during an evaluation pass (one rank alone): the pass is dropped
+    so that the checkpoint lands within the stop budget instead of after the whole pass, which
+    may take longer than a container's grace period."""
+
+
+_END = object()
+
+
+class StopAwareBatches:
+    """The host batches of ``loader``, taken from it by a helper thread, so that the trainer
+    waits for each in 0.1 s slices and checks the stop flag in between: a stop request ends the
+    wait at once (EvaluationInterrupted) instead of after the batch, which on slow storage takes
+    seconds. The loader is opened in the calling thread (the loaders start their workers and
+    signal handlers there) and closed by close(): closing waits for the workers to finish their
+    batches, so the stop closes it after its checkpoint."""
+
+    def __init__(self, loader, stop_flag: StopFlag) -> None:
+        self.loader, self.stop_flag = loader, stop_flag
+        self.device_prefetch = getattr(loader, "device_prefetch", True)  # torch's knob
+        self._handoff: queue.Queue = queue.Queue(maxsize=1)
+        self._closed = threading.Event()
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        helper = threading.Thread(target=self._take, args=(batches,), daemon=True)
+        helper.name = "evaluation-batches"
+        helper.start()
+        while True:
+            try:
+                batch, error = self._handoff.get(timeout=0.1)
+            except queue.Empty:
+                if self.stop_flag.requested:
+                    raise EvaluationInterrupted from None
+                continue
+            if error is not None:
+                raise error  # the loader's own failure (a dead worker...), classified by main
+            if batch is _END:
+                return
+            yield batch
+
+    def _take(self, batches) -> None:
+        try:
+            for batch in batches:
+                if not self._offer((batch, None)):
+                    break
+            else:
+                self._offer((_END, None))
+        except BaseException as error:
+            self._offer((_END, error))
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:  # a generator (Paddle's): its finally ends the workers
+                close()
+
+    def _offer(self, item: tuple) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+def stop_now(stop: StopFlag, step: int, every: int, dist, backend) -> bool:
+    """Whether to stop after this step. All ranks must stop after the same step: otherwise one
+    saves and waits in the barrier while another waits in its next step's gradient all-reduce,
+    until the collective times out (seen with 2 ranks under paddle.distributed.launch, which
+    signals rank 1 up to 0.6 s after rank 0; Kubernetes signals each pod of a job on its own).
+    So with several ranks the flags are summed over the ranks every ``every`` (log_every) steps,
+    where the loop reads the loss and so already waits for the device: a stop waits at most
+    that many steps, and no step pays for an extra synchronization."""
+    if dist.world_size == 1:
+        return stop.requested
+    if step % every:
+        return False
+    return backend.all_reduce_sum([float(stop.requested)])[0] > 0
+
+
+class StopFlag:
+    requested = False
+    signal_name = ""
+
+
+# Repeated SIGTERMs this soon after the first are the same stop request. Launchers send bursts:
+# paddle 2.6's `python -m paddle.distributed.launch`, itself stopped, runs Pod.stop(timeout=30)
+# (launch/controllers/controller.py), whose Container.terminate (launch/job/container.py) calls
+# ProcessContext.terminate (launch/utils/process_context.py): os.killpg(SIGTERM) to the rank's
+# process group, sleep 0.2 s, up to 3 times while the rank lives, so 3 signals within 0.4 s;
+# after 30 s it sends the burst again and SIGKILLs. Shells and init processes (tini -g) may
+# forward one signal more. 5 s is ten times the launcher's burst, so a loaded host that delays
+# it still counts as one request; a person who repeats `kill` after longer still aborts.
+SIGTERM_REPEAT_WINDOW_S = 5.0
+
+
+def install_stop_handler() -> StopFlag:
+    """SIGTERM (docker stop, Kubernetes preemption, the launchers) and SIGINT finish the current
+    step, save a checkpoint and stop. A second SIGINT (Ctrl-C twice) exits at once, as does a
+    SIGTERM more than SIGTERM_REPEAT_WINDOW_S after the first; repeats within that window are
+    ignored, so a launcher's burst cannot abort the checkpoint it asked for."""
+    flag = StopFlag()
+    first_sigterm_at: float | None = None
+
+    def handler(signum, frame):
+        nonlocal first_sigterm_at
+        name = signal.Signals(signum).name
+        now = time.monotonic()
+        if signum == signal.SIGTERM and first_sigterm_at is not None:
+            if now - first_sigterm_at < SIGTERM_REPEAT_WINDOW_S:
+                log.info(
+                    "SIGTERM again %.1f s after the first: the same stop request, still finishing "
+                    "the step and the checkpoint",
+                    now - first_sigterm_at,
+                )
+                return
+            signal.signal(signum, signal.SIG_DFL)  # a late repeat: stop now, no checkpoint
+            os.kill(os.getpid(), signum)
+            return
+        if signum == signal.SIGTERM:
+            first_sigterm_at = now
+        else:
+            signal.signal(signum, signal.SIG_DFL)  # a second Ctrl-C exits at once
+        flag.requested = True
+        flag.signal_name = name
+        log.warning("%s received: finishing the current step, then checkpoint and stop", name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return flag
