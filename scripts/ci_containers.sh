@@ -394,7 +394,7 @@ compose_finetune_ppocrv4() {  # the released weights converted and fine-tuned in
     quiet run --rm --no-deps -v "$cache:/ppocrv4:ro" --entrypoint bash train-ocr -c "set -e
         python scripts/convert_weights.py --onnx $onnx --dict-out /tmp/ppocr_keys.txt
         python -m train --config configs/ocr/finetune_ppocrv4.yaml --overwrite \
-            --set train.max_steps=${CI_PPOCRV4_STEPS:-6} --set train.eval_every=6 \
+            --set train.max_steps=${CI_PPOCRV4_STEPS:-6} --set optim.warmup_steps=2 --set train.eval_every=6 \
             --set train.checkpoint_every=6 --set loader.batch_size=8" 2>&1 | tee -a "$WORK/ppocrv4.out"
     local rc=${PIPESTATUS[0]}
     check "ppocrv4 (exit $rc): $(grep -m1 -oE 'mapped [0-9]+ tensors' "$WORK/ppocrv4.out")," \
