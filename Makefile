@@ -78,10 +78,10 @@ $(PPOCRV4_CLEAN)/charset.txt: | $(PPOCRV4_FONT)
 finetune-ocr: .venv-$(FINETUNE_FRAMEWORK)/.installed $(PPOCRV4_DOTS)/charset.txt $(PPOCRV4_CLEAN)/charset.txt
 	$(FINETUNE_PY) scripts/convert_weights.py --quiet --dict-out $(PPOCRV4_DOTS)/ppocr_keys.txt
 	@echo "zero-shot (released weights):"
-	$(FINETUNE_PY) scripts/eval_ocr.py --config $(FINETUNE_CONFIG) --weights $(FINETUNE_WEIGHTS) $(PPOCRV4_DOTS)/val $(PPOCRV4_CLEAN)/val
+	$(FINETUNE_PY) -m train.evaluate --config $(FINETUNE_CONFIG) --weights $(FINETUNE_WEIGHTS) --data $(PPOCRV4_DOTS)/val --data $(PPOCRV4_CLEAN)/val
 	$(FINETUNE_PY) -m train --config $(FINETUNE_CONFIG) $(ARGS)
 	@echo "fine-tuned (the run's last checkpoint):"
-	$(FINETUNE_PY) scripts/eval_ocr.py --config $(FINETUNE_CONFIG) --weights $$(ls -d $(FINETUNE_RUN)/checkpoints/step-* | tail -1) $(PPOCRV4_DOTS)/val $(PPOCRV4_CLEAN)/val
+	$(FINETUNE_PY) -m train.evaluate --checkpoint $$(ls -d $(FINETUNE_RUN)/checkpoints/step-* | tail -1) --data $(PPOCRV4_DOTS)/val --data $(PPOCRV4_CLEAN)/val
 
 doctor: .venv-paddle/.installed
 	$(PADDLE) -m train.doctor --config $(or $(CONFIG),configs/ocr/smoke.yaml)

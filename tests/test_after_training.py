@@ -175,6 +175,24 @@ def test_onnx_export_gives_the_checkpoints_argmax(task, tmp_path, ocr_lmdb, imag
     main = "acc" if task == "ocr" else "top1"
     assert evaluated[main] == np.mean([row[1] == row[3] for row in from_checkpoint])
 
+    # --weights: the run as model.init_from takes it (its best), in the run's scenario, on two
+    # datasets: a report each, equal to --checkpoint's; nothing written without --out.
+    config = run / "config.resolved.yaml"
+    weights = ["--config", config, "--weights", run, "--data", inputs, "--data", inputs]
+    reports = json.loads(_cli("train.evaluate", *weights).stdout)
+    assert [report["weights"] for report in reports] == [str(run)] * 2
+    assert [report[main] for report in reports] == [evaluated[main]] * 2
+    assert [report["samples"] for report in reports] == [24, 24]
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["best.json"]  # --checkpoint's
+    if task == "ocr":  # weights that do not fill the model: refused, not evaluated half-fresh
+        cmd = [sys.executable, "-m", "train.evaluate", *map(str, weights)]
+        refused = subprocess.run(
+            [*cmd, "--set", "model.hidden_size=64"], cwd=ROOT, capture_output=True, text=True
+        )
+        assert refused.returncode == 4, refused.stderr
+        assert "does not hold the whole crnn_tiny model" in refused.stderr
+        assert "have another shape" in refused.stderr and "HINT" in refused.stderr
+
 
 def test_unknown_model_path_is_a_clear_error(tmp_path):
     result = subprocess.run(

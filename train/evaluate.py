@@ -1,14 +1,22 @@
-r"""Evaluate a trained model on a dataset: the task's metrics, printed and written as JSON.
+r"""Evaluate a trained model on datasets: the task's metrics, printed and written as JSON.
 
     python -m train.evaluate --run runs/ocr-paddle-smoke
     python -m train.evaluate --config configs/ocr/smoke.yaml \
         --checkpoint runs/ocr-paddle-smoke/checkpoints/step-00000300 --data data/synth_ocr/val
+    python -m train.evaluate --config configs/ocr/finetune_ppocrv4.yaml \
+        --weights .cache/ppocrv4/ppocrv4_rec.pdparams --data data/ppocrv4_dots/val \
+        --data data/ppocrv4_clean/val
 
 --run takes the run's best checkpoint (best/), else its latest. The config defaults to the
-run's config.resolved.yaml; --set overrides it as for training. --data is any dataset of the
-task (OCR: an LMDB; ResNet: an HDF5 file or an image folder), by default the config's data.val.
-OCR: exact match (acc), 1 - normalized edit distance, accuracy per label length; ResNet:
-top-1, top-5. Exit codes as python -m train's (2 config, 3 data, 4 checkpoint).
+run's config.resolved.yaml; --set overrides it as for training. --weights takes what
+model.init_from takes (a converted .pt/.pth or .pdparams file, a checkpoint or run directory)
+and evaluates it in --config's model, released weights zero-shot included; every tensor of the
+model must come from it. --data is any dataset of the task (OCR: an LMDB; ResNet: an HDF5 file
+or an image folder), by default the config's data.val; give it several times for several
+datasets (the JSON is then a list, one report each). The JSON goes to --out, by default
+RUN/eval/<checkpoint>.json (with --weights: printed only). OCR: exact match (acc),
+1 - normalized edit distance, accuracy per label length; ResNet: top-1, top-5. Exit codes as
+python -m train's (2 config, 3 data, 4 checkpoint or weights).
 """
 
 from __future__ import annotations
@@ -18,18 +26,21 @@ import json
 import sys
 from pathlib import Path
 
-from train.__main__ import one_line
-from train.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA
+from train.errors import EXIT_CONFIG
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--checkpoint | --run, --config and --set: how train.evaluate and train.export name the
-    model and its config."""
+def add_model_arguments(parser: argparse.ArgumentParser, weights: bool = False) -> None:
+    """--checkpoint | --run (| --weights), --config and --set: how train.evaluate and
+    train.export name the model and its config."""
     from train.config import add_overrides_argument
 
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", help="a checkpoint directory (RUN/best, RUN/checkpoints/…)")
     which.add_argument("--run", help="a run directory: its best checkpoint, else its latest")
+    if weights:
+        which.add_argument(
+            "--weights", help="weights as model.init_from takes them, in --config's model"
+        )
     parser.add_argument("--config", help="the run's config (default: RUN/config.resolved.yaml)")
     add_overrides_argument(parser)
 
@@ -65,54 +76,66 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(parser)
-    parser.add_argument("--data", help="dataset to evaluate on (default: the config's data.val)")
+    add_model_arguments(parser, weights=True)
+    parser.add_argument(
+        "--data", action="append", help="a dataset to evaluate on (default: the config's data.val)"
+    )
     parser.add_argument("--out", help="JSON file to write (default: RUN/eval/<checkpoint>.json)")
     args = parser.parse_args(argv)
+    if args.weights and not args.config:
+        parser.error("--weights needs --config: the model to load the weights into")
 
-    from datasets.errors import DatasetError
-    from train import inference, tasks
+    from train import inference
     from train.__main__ import setup_logging
-    from train.checkpoint import CheckpointError
-    from train.config import ConfigError
-    from train.cpus import resolve_num_workers
 
     setup_logging(None, True)
-    try:
+    return inference.run_command(lambda: _evaluate_command(args))
+
+
+def _evaluate_command(args: argparse.Namespace) -> int:
+    from train import inference, tasks
+    from train.config import load_config
+    from train.cpus import resolve_num_workers
+
+    if args.weights:
+        model = None
+        config = load_config(args.config, ["model.init_from=null", *args.overrides])
+    else:
         model = inference.find_checkpoint(args.checkpoint or args.run)
         config = inference.run_config(model, args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
-    except inference.InferenceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CHECKPOINT
-    data_path = args.data or config.data.val
-    if not data_path:
+    data_paths = args.data or ([config.data.val] if config.data.val else [])
+    if not data_paths:
         print("error: the config has no data.val. HINT: pass --data PATH", file=sys.stderr)
         return EXIT_CONFIG
+    datasets, backend, reports = [], None, []
     try:
-        dataset = tasks.get(config.task).open_dataset(config.data, data_path, train=False)
+        for path in data_paths:
+            datasets.append(tasks.get(config.task).open_dataset(config.data, path, train=False))
         labels = inference.labels_of(config)
-        backend = inference.load_backend(model, config, labels)
-    except DatasetError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_DATA
-    except (inference.InferenceError, CheckpointError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CHECKPOINT
-    workers, _ = resolve_num_workers(config.loader.num_workers, local_world_size=1)
-    try:
-        metrics = evaluate(config, backend, dataset, workers)
+        if model is None:
+            backend = inference.load_weights(args.weights, config, labels)
+            origin = {"weights": args.weights}
+        else:
+            backend = inference.load_backend(model, config, labels)
+            origin = {"checkpoint": str(model.checkpoint)}
+        workers, _ = resolve_num_workers(config.loader.num_workers, local_world_size=1)
+        for path, dataset in zip(data_paths, datasets):
+            metrics = evaluate(config, backend, dataset, workers)
+            reports.append({**origin, "data": str(path), **metrics})
     finally:
-        dataset.close()
-        backend.shutdown()
-    report = {"checkpoint": str(model.checkpoint), "data": str(data_path), **metrics}
-    out = Path(args.out) if args.out else model.run_dir / "eval" / f"{model.checkpoint.name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    print(json.dumps(report, indent=2))
-    print(f"written: {out}", file=sys.stderr)
+        for dataset in datasets:
+            dataset.close()
+        if backend is not None:
+            backend.shutdown()
+    text = json.dumps(reports[0] if len(reports) == 1 else reports, indent=2)
+    print(text)
+    out = Path(args.out) if args.out else None
+    if out is None and model is not None:
+        out = model.run_dir / "eval" / f"{model.checkpoint.name}.json"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"written: {out}", file=sys.stderr)
     return 0
 
 

@@ -18,8 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-from train.__main__ import one_line
-from train.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA
 from train.evaluate import add_model_arguments
 
 FORMATS = {"paddle-inference": "paddle", "pdparams": "paddle", "onnx": "torch"}
@@ -61,27 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory to write the model into")
     args = parser.parse_args(argv)
 
-    from datasets.errors import DatasetError
     from train import inference
     from train.__main__ import setup_logging
-    from train.checkpoint import CheckpointError
-    from train.config import ConfigError
 
     setup_logging(None, True)
-    try:
-        model = inference.find_checkpoint(args.checkpoint or args.run)
-        config = inference.run_config(model, args.config, args.overrides)
-        files = export(model, config, args.format, Path(args.out))
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
-    except DatasetError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_DATA
-    except (inference.InferenceError, CheckpointError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CHECKPOINT
-    for path in files:
+    return inference.run_command(lambda: _export_command(args))
+
+
+def _export_command(args: argparse.Namespace) -> int:
+    from train import inference
+
+    model = inference.find_checkpoint(args.checkpoint or args.run)
+    config = inference.run_config(model, args.config, args.overrides)
+    for path in export(model, config, args.format, Path(args.out)):
         print(f"{path}\t{path.stat().st_size / 1e6:.2f} MB")
     return 0
 

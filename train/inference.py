@@ -18,7 +18,8 @@ backends; ONNX Runtime is no training framework and runs here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,43 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 class InferenceError(Exception):
     """A path or a model that train.evaluate/export/predict cannot use; the message has the
     fix after HINT:."""
+
+
+def run_command(body: Callable[[], int]) -> int:
+    """``body()``, the work of train.evaluate, train.export or train.predict, with a failure of
+    a known kind printed (its message names the fix) and returned as the exit code python -m
+    train gives that kind (train/errors.py): 2 config, 3 data (a record that does not decode
+    included), 4 a model or checkpoint that cannot be used. Anything else is a bug and keeps
+    its traceback."""
+    from train.__main__ import one_line
+    from train.errors import EXIT_CONFIG, EXIT_DATA
+
+    try:
+        return body()
+    except Exception as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
+        if code == EXIT_CONFIG:
+            print(exc, file=sys.stderr)  # one line already, with its file and key
+        else:
+            print(f"error: {one_line(exc) if code == EXIT_DATA else exc}", file=sys.stderr)
+        return code
+
+
+def _exit_code(exc: Exception) -> int | None:
+    from datasets.errors import BadSampleError
+    from train.errors import EXIT_CHECKPOINT, EXIT_DATA, exit_code
+
+    code = exit_code(exc)  # config (a ValueError: first), data, checkpoint, ...
+    if code is not None:
+        return code
+    if isinstance(exc, BadSampleError):  # an input to predict that does not decode
+        return EXIT_DATA
+    # ValueError, FileNotFoundError: what the frameworks raise for weights they cannot read.
+    if isinstance(exc, (InferenceError, ValueError, FileNotFoundError)):
+        return EXIT_CHECKPOINT
+    return None
 
 
 # ---------------------------------------------------------------- checkpoints and their runs
@@ -287,20 +325,44 @@ def framework_missing(framework: str, path: Path) -> InferenceError:
 def load_backend(model: TrainedModel, config, labels: list[str]):
     """A backend (config.framework's) holding the checkpoint's model, ready for predict() and
     infer(): built as training built it, then the checkpoint's state loaded."""
-    from train.backends import make_backend
-
     if config.framework != model.framework:
         raise InferenceError(
             f"{model.checkpoint} was trained with {model.framework}, the config says "
             f"{config.framework}. HINT: run with the {model.framework} environment and config"
         )
+    backend = _built_backend(config, labels, model.checkpoint)
+    backend.load_state(model.checkpoint)
+    return backend
+
+
+def load_weights(path: str, config, labels: list[str]):
+    """A backend holding ``path``'s weights (anything model.init_from takes) in the config's
+    model. Every tensor of the model must come from ``path``: evaluating a partly fresh model
+    would report figures of weights nobody trained."""
+    backend = _built_backend(config, labels, Path(path))
+    report = backend.init_weights_from(path)
+    if report.missing or report.shape_mismatched:
+        backend.shutdown()
+        raise InferenceError(
+            f"{path} does not hold the whole {config.model.name} model: "
+            f"{len(report.missing)} of its tensors are missing (first: {report.missing[:3]}), "
+            f"{len(report.shape_mismatched)} have another shape (first: "
+            f"{list(report.shape_mismatched.items())[:3]}). HINT: give --config the scenario "
+            "these weights were trained or converted for (model.name, data.char_dict, "
+            "data.image_shape)"
+        )
+    return backend
+
+
+def _built_backend(config, labels: list[str], origin: Path):
+    from train.backends import make_backend
+
     try:
         backend = make_backend(config)
     except ImportError as error:
-        raise framework_missing(config.framework, model.checkpoint) from error
+        raise framework_missing(config.framework, origin) from error
     backend.init_distributed()
     backend.seed_everything(config.seed, config.deterministic)
     input_shape = tasks.get(config.task).input_shape(config.data)
     backend.build(config.model, config.optim, input_shape, num_classes(config, labels), 1)
-    backend.load_state(model.checkpoint)
     return backend

@@ -19,9 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from train.__main__ import one_line
-from train.errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA
-
 
 class Model:
     """A model to predict with: its contract (train/inference.py), its labels, and
@@ -94,23 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     add_overrides_argument(parser)
     args = parser.parse_args(argv)
 
-    from datasets.errors import BadSampleError, DatasetError
     from train import inference
-    from train.checkpoint import CheckpointError
-    from train.config import ConfigError
 
-    try:
-        model = open_model(args.model, args.overrides)
-        rows = list(predict(model, inference.read_inputs(args.inputs), args.batch_size))
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONFIG
-    except (DatasetError, BadSampleError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_DATA
-    except (inference.InferenceError, CheckpointError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CHECKPOINT
+    return inference.run_command(lambda: _predict_command(args))
+
+
+def _predict_command(args: argparse.Namespace) -> int:
+    from train import inference
+
+    model = open_model(args.model, args.overrides)
+    rows = list(predict(model, inference.read_inputs(args.inputs), args.batch_size))
     labelled = [row for row in rows if row[3] is not None]
     lines = ["name\tprediction\tscore" + ("\tlabel" if labelled else "")]
     for name, text, score, label in rows:

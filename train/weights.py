@@ -104,6 +104,35 @@ class InitReport:
         )
 
 
+# What a framework's own weight files are, for the error naming the file a run can take.
+FRAMEWORK_FILES = {"torch": "a .pt/.pth state dict", "paddle": "a .pdparams file"}
+
+
+def source_for(path: str | Path, framework: str) -> WeightsSource:
+    """``path`` resolved (resolve_source), refused unless ``framework`` wrote it: a run of one
+    framework cannot read the other's tensors by name."""
+    source = resolve_source(path)
+    if source.framework != framework:
+        raise InitFromError(
+            f"model.init_from {source.path} was written by {source.framework}; this run "
+            f"trains with {framework}. HINT: use a {framework} checkpoint or "
+            f"{FRAMEWORK_FILES[framework]}"
+        )
+    return source
+
+
+def select(
+    state: Mapping[str, Any], model: Mapping[str, Any], origin: str, is_tensor
+) -> tuple[dict[str, Any], InitReport]:
+    """The tensors of ``state`` (a read weight file or checkpoint) that ``model`` (a state
+    dict) takes by name and shape, and the report of what was loaded, missing, unexpected (a
+    non-tensor entry included) and shape-mismatched."""
+    tensors = {name: value for name, value in state.items() if is_tensor(value)}
+    report = match(tensors, model, origin)
+    report.unexpected += [name for name in state if name not in tensors]
+    return {name: tensors[name] for name in report.loaded}, report
+
+
 def match(source: Mapping[str, Any], model: Mapping[str, Any], origin: str) -> InitReport:
     """Compare the source's arrays with the model's (both name -> something with .shape) and
     report which load. Names are compared exactly."""

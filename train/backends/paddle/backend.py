@@ -398,22 +398,17 @@ class PaddleBackend(Backend):
     def init_weights_from(self, path: str | Path) -> weights.InitReport:
         """model.init_from (after build): load the tensors of ``path`` whose names and shapes
         are the model's; the rest keeps its fresh initialization. No optimizer state."""
-        source = weights.resolve_source(path)
-        if source.framework != "paddle":
-            raise weights.InitFromError(
-                f"model.init_from {source.path} was written by {source.framework}; this run "
-                "trains with paddle. HINT: use a paddle checkpoint or a .pdparams file"
-            )
+        source = weights.source_for(path, "paddle")
         if source.kind == "checkpoint":
             state = _load_npz(source.path / MODEL_FILE)
         else:
             state = weights.read_pdparams(source.path)
-        arrays = {name: value for name, value in state.items() if isinstance(value, np.ndarray)}
-        report = weights.match(arrays, self.net.state_dict(), str(source.path))
-        report.unexpected += [name for name in state if name not in arrays]
+        loaded, report = weights.select(
+            state, self.net.state_dict(), str(source.path), lambda v: isinstance(v, np.ndarray)
+        )
         with warnings.catch_warnings():  # one "Skip loading" per key the report names already
             warnings.filterwarnings("ignore", "Skip loading for")
-            self.net.set_state_dict({name: arrays[name] for name in report.loaded})
+            self.net.set_state_dict(loaded)
         return report
 
     # --- distributed and telemetry -----------------------------------------------------------

@@ -384,12 +384,7 @@ class TorchBackend(Backend):
     def init_weights_from(self, path: str | Path) -> weights.InitReport:
         """model.init_from (after build): load the tensors of ``path`` whose names and shapes
         are the model's; the rest keeps its fresh initialization. No optimizer state."""
-        source = weights.resolve_source(path)
-        if source.framework != "torch":
-            raise weights.InitFromError(
-                f"model.init_from {source.path} was written by {source.framework}; this run "
-                "trains with torch. HINT: use a torch checkpoint or a .pt/.pth state dict"
-            )
+        source = weights.source_for(path, "torch")
         if source.kind == "checkpoint":
             state = self._load(source.path, "model", "cpu")
         else:
@@ -401,10 +396,10 @@ class TorchBackend(Backend):
                 detail = str(error).splitlines()[0]
                 raise refuse_pickle(source.path, holds, reader, detail) from error
         state = weights.unwrap_state_dict(state, source.path)
-        tensors = {name: value for name, value in state.items() if torch.is_tensor(value)}
-        report = weights.match(tensors, self.net.state_dict(), str(source.path))
-        report.unexpected += [name for name in state if name not in tensors]
-        self.net.load_state_dict({name: tensors[name] for name in report.loaded}, strict=False)
+        loaded, report = weights.select(
+            state, self.net.state_dict(), str(source.path), torch.is_tensor
+        )
+        self.net.load_state_dict(loaded, strict=False)
         return report
 
     # --- distributed and telemetry -----------------------------------------------------------
