@@ -237,3 +237,89 @@ def test_sigterm_during_evaluation_stops_at_the_next_batch_with_a_checkpoint(
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert not [r for r in records if r["type"] == "eval"]  # the interrupted pass is dropped
     assert took < STOP_BUDGET_S, f"{took:.0f} s from SIGTERM to exit"
+
+
+@pytest.mark.torch
+def test_sigterm_during_evaluation_on_two_ranks_cuts_the_pass_on_both(tmp_path, image_h5):
+    """torchrun, two CPU ranks, every sample 0.5 s: a pass is 3 batches of 4 per rank (6 s).
+    Before, with several ranks the pass always ran to its end (one rank alone dropping it would
+    leave the other in the pass's all-reduce). Now the ranks agree after each batch: SIGTERM to
+    torchrun cuts the pass on both at the same batch, and both stop at that step's
+    checkpoint."""
+    run_dir, out = tmp_path / "run", tmp_path / "torchrun.out"
+    sets = ["framework=torch", *SETTINGS, "train.eval_every=4", "loader.num_workers=1"]
+    sets += ["loader.batch_size=4", *data_overrides("resnet50", None, image_h5)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    cmd += ["-m", "train", "--config", "configs/resnet50/smoke.yaml", "--output-dir", str(run_dir)]
+    cmd += set_args(sets)
+    env = dict(os.environ, DATA_INJECT_FAULT="slow@500")
+    with out.open("w") as sink:
+        launcher = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while "evaluating at step 4" not in out.read_text(errors="replace"):
+                assert launcher.poll() is None and time.monotonic() < deadline, out.read_text()
+                time.sleep(0.05)
+            started = time.monotonic()
+            launcher.send_signal(signal.SIGTERM)
+            launcher.wait(timeout=120)
+            took = time.monotonic() - started
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    output = out.read_text(errors="replace")
+    assert output.count("evaluation at step 4 interrupted by the stop request") == 2, output[-4000:]
+    assert ANY_STOP.findall(output) == ["4", "4"], output[-4000:]
+    assert only_checkpoint_step(run_dir) == 4
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["type"] == "eval"]  # the interrupted pass is dropped
+    assert took < STOP_BUDGET_S, f"{took:.0f} s from SIGTERM to exit"
+
+
+@pytest.mark.paddle
+def test_sigterm_during_evaluation_on_two_paddle_ranks_cuts_the_pass_on_both(
+    tmp_path, ocr_lmdb, image_h5
+):
+    """The same with python -m paddle.distributed.launch and the OCR smoke run (6 batches of 8
+    per rank and pass, 4 s each): the launcher's bursts reach rank 1 up to 0.6 s after rank 0,
+    and both ranks still cut the pass at the same batch and stop at that step's checkpoint."""
+    import paddle
+
+    if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
+    run_dir, logs = tmp_path / "run", tmp_path / "logs"
+    sets = ["framework=paddle", *SETTINGS, "train.eval_every=4", "loader.num_workers=1"]
+    sets += ["loader.batch_size=8", *data_overrides("ocr", ocr_lmdb, image_h5)]
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
+    cmd += ["--log_dir", str(logs)]
+    cmd += ["train/__main__.py", "--config", "configs/ocr/smoke.yaml", "--output-dir", str(run_dir)]
+    cmd += set_args(sets)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
+    env.update(PYTHONPATH=str(ROOT), DATA_INJECT_FAULT="slow@500")
+    rank0 = logs / "workerlog.0"
+    with (tmp_path / "launcher.out").open("w") as sink:
+        launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while not rank0.exists() or "evaluating at step 4" not in rank0.read_text("utf-8"):
+                assert launcher.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            started = time.monotonic()
+            launcher.send_signal(signal.SIGTERM)
+            launcher.wait(timeout=120)
+            took = time.monotonic() - started
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    rank_logs = [(logs / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)]
+    context = "".join(x[-3000:] for x in rank_logs)
+    for log in rank_logs:
+        assert "evaluation at step 4 interrupted by the stop request" in log, context
+        assert ANY_STOP.findall(log) == ["4"], context
+    assert only_checkpoint_step(run_dir) == 4
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["type"] == "eval"]  # the interrupted pass is dropped
+    assert took < STOP_BUDGET_S, f"{took:.0f} s from SIGTERM to exit"

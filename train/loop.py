@@ -18,6 +18,7 @@ from train.data import RunData
 from train.errors import NonFiniteLossError, OutOfMemoryError
 from train.stops import (
     EvaluationInterrupted,
+    HeldBatches,
     StopAwareBatches,
     StopFlag,
     StopRequested,
@@ -30,17 +31,30 @@ from train.weights import apply_init_from
 log = logging.getLogger("train")
 
 
-def evaluate(backend, loader, task: str, stop_flag: StopFlag | None = None) -> dict[str, float]:
+def evaluate(
+    backend, loader, task: str, stop_flag: StopFlag | None = None, dist=None
+) -> dict[str, float]:
     """One pass over the validation loader; the task's metric, summed over ranks. With a
-    ``stop_flag``, a stop request ends the pass within 0.1 s, even while it waits for a batch
-    (EvaluationInterrupted, which carries the loader's batches to close after the checkpoint:
-    see StopAwareBatches)."""
+    ``stop_flag``, a stop request ends the pass (EvaluationInterrupted, which carries the
+    loader's batches to close after the checkpoint): on one rank within 0.1 s, even while it
+    waits for a batch (StopAwareBatches); on several, after the batch in flight, all ranks at
+    the same one (HeldBatches: a rank alone dropping its pass would leave the others waiting in
+    its all-reduce)."""
     metric = tasks.get(task).metric()
-    host_batches = loader if stop_flag is None else StopAwareBatches(loader, stop_flag)
+    several = dist is not None and dist.world_size > 1
+    if stop_flag is None:
+        host_batches = loader
+    elif several:
+        host_batches = HeldBatches(loader)
+    else:
+        host_batches = StopAwareBatches(loader, stop_flag)
     try:
         for batch in backend.device_batches(host_batches):
             with out_of_memory_named(backend, "evaluation"):
                 metric.update(backend.predict(batch), backend.batch_labels(batch))
+            # Every rank reads as many batches (the sampler pads), so all reach each agreement.
+            if several and stop_now(stop_flag, 0, 1, dist, backend):
+                raise EvaluationInterrupted
     except EvaluationInterrupted as interrupted:
         interrupted.batches = host_batches
         raise
@@ -70,7 +84,7 @@ def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, wor
             run.stop()  # a checkpoint, then StopRequested
         if epoch_ended:
             run.end_epoch()
-            if run.dist.world_size == 1 and run.stop_flag.requested:
+            if run.stop_agreed or (run.dist.world_size == 1 and run.stop_flag.requested):
                 run.stop()  # arrived during the epoch's evaluation or checkpoint
     run.evaluate_and_save()  # unless this step's are done already
     return run.finish()
@@ -148,6 +162,7 @@ class Run:
         )
         self.stop_flag = install_stop_handler()
         self.stopping = False
+        self.stop_agreed = False  # an evaluation was interrupted: all ranks stop at this step
         self.interrupted_batches = None  # an evaluation loader left open by a stop request
         self.open_batches = None  # the training batches, left open by a stop request
         self.resumed_mid_epoch = resume and self.position.epoch_samples > 0
@@ -185,7 +200,7 @@ class Run:
                 self.evaluate()
             if every.checkpoint_every and position.step % every.checkpoint_every == 0:
                 self.save()
-            self.stopping = stop_now(
+            self.stopping = self.stop_agreed or stop_now(
                 self.stop_flag, position.step, every.log_every, self.dist, backend
             )
             if self.stopping:
@@ -311,13 +326,13 @@ class Run:
             self.backend.sync_buffers()  # every rank evaluates the checkpoint's model
             log.info("evaluating at step %d", self.position.step)
             started = time.monotonic()
-            # A stop request ends the pass at once. Not with several ranks: one alone dropping
-            # its pass would leave the others waiting in its all-reduce.
-            stop_flag = self.stop_flag if self.dist.world_size == 1 else None
             try:
-                result = evaluate(self.backend, self.val_loader, self.config.task, stop_flag)
+                result = evaluate(
+                    self.backend, self.val_loader, self.config.task, self.stop_flag, self.dist
+                )
             except EvaluationInterrupted as interrupted:
                 self.interrupted_batches = interrupted.batches
+                self.stop_agreed = True  # by every rank: they all stop at this step
                 result = None
             if result is None:
                 log.warning(

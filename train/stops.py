@@ -90,6 +90,28 @@ class StopAwareBatches:
         self._closed.set()
 
 
+class HeldBatches:
+    """The batches of ``loader``, its iterator held until close(). An interrupted evaluation
+    drops its loop, and with it the last reference to the iterator, whose clean-up (Paddle's
+    generator finally, torch's __del__) would then wait for the workers' batches before the
+    stop's checkpoint; held here, it is closed after it (Run.stop)."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+        self.device_prefetch = getattr(loader, "device_prefetch", True)  # torch's knob
+        self._batches = None
+
+    def __iter__(self):
+        self._batches = iter(self.loader)
+        return self._batches
+
+    def close(self) -> None:
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+        self._batches = None
+
+
 def stop_now(stop: StopFlag, step: int, every: int, dist, backend) -> bool:
     """Whether to stop after this step. All ranks must stop after the same step: otherwise one
     saves and waits in the barrier while another waits in its next step's gradient all-reduce,
