@@ -47,6 +47,20 @@ class PaddleDataset(paddle.io.Dataset):
         return len(self.dataset)
 
 
+def _as_tensor(array):
+    """A CPU paddle Tensor over ``array``'s own memory, which it keeps alive (a reference).
+    paddle.to_tensor and Paddle's loader (numpy -> LoDTensor.set) copy a 2.9 MB uint8 OCR batch
+    in about 2.4 ms, 25 times numpy's memcpy: at 0 workers, 37 us a sample, a fifth of its
+    decode. Only for arrays nobody writes to afterwards (a freshly stacked batch)."""
+    return paddle.base.core.eager.Tensor(value=array, place=paddle.CPUPlace(), zero_copy=True)
+
+
+def stack_to_tensors(samples: list[dict]) -> dict:
+    """collate_fn at 0 workers: stack_samples, then each field a Tensor over the stacked array
+    (Paddle's single-process loader passes Tensors through as they are, no copy)."""
+    return {key: _as_tensor(value) for key, value in stack_samples(samples).items()}
+
+
 def _worker_init(worker_id: int) -> None:
     start_worker = getattr(paddle.io.get_worker_info().dataset.dataset, "start_worker", None)
     if start_worker is not None:
@@ -86,9 +100,10 @@ class PaddleLoader:
         """Copies of a collated batch's bytes on their way to the trainer's tensor: the ring
         slot, copied once into the tensor; Paddle's own shared memory: into a LoDTensor, then
         into a new /dev/shm file (worker.py, _reduce_lodtensor); pipes: pickled into the pipe
-        and unpickled (2), then made a tensor (1); no workers: made a tensor (1)."""
+        and unpickled (2), then made a tensor (1); no workers: none (the stacked arrays become
+        Tensors as they are, stack_to_tensors)."""
         if not self.loader.num_workers:
-            return 1
+            return 0
         if self.ring is not None:
             return 1
         return 2 if self.loader.use_shared_memory else 3
@@ -132,11 +147,15 @@ class PaddleLoader:
 
     def _from_ring(self, tickets: Iterator) -> Iterator[dict[str, Any]]:
         try:
+            on_host = isinstance(self.place, paddle.CPUPlace)
             for ticket in tickets:
                 views = self.ring.take(*ticket_of(ticket))
-                batch = {
-                    key: paddle.to_tensor(view, place=self.place) for key, view in views.items()
-                }
+                if on_host:  # numpy's copy out of the slot, then a Tensor over it (_as_tensor)
+                    batch = {key: _as_tensor(view.copy()) for key, view in views.items()}
+                else:  # the copy out of the slot is the copy to the device
+                    batch = {
+                        key: paddle.to_tensor(view, place=self.place) for key, view in views.items()
+                    }
                 self.ring.release()  # copied: the slot is free for the batch seq + slots
                 yield batch
         finally:
@@ -168,7 +187,8 @@ def make_loader(
     if workers and context and _start_method() != context:
         multiprocessing.set_start_method(context, force=True)
     batches = EpochBatchSampler(sampler, knobs.batch_size, knobs.drop_last)
-    collate = stack_samples
+    # With workers, batches cross a process boundary as numpy (the ring, or Paddle's queue).
+    collate = stack_samples if workers else stack_to_tensors
     ring = None
     place = places[0] if isinstance(places, (list, tuple)) else places
     if workers and use_shared_memory and batch_ring:
