@@ -55,7 +55,7 @@ def header_size(data: bytes, fmt: str) -> tuple[int, int] | None:
     if fmt == "png" and len(data) >= 24 and data[12:16] == b"IHDR":
         return struct.unpack(">II", data[16:24])
     if fmt == "jpeg":
-        return jpeg_size(data)
+        return _jpeg_header_size(data)
     try:
         with Image.open(io.BytesIO(data)) as image:
             return image.size
@@ -132,6 +132,11 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     libjpeg-turbo can read (the caller then decodes it another way, or reports it)."""
     if sniff_format(data) != "jpeg":
         return None
+    return _jpeg_header_size(data)
+
+
+def _jpeg_header_size(data: bytes) -> tuple[int, int] | None:
+    """jpeg_size for bytes already known to start like a JPEG (no second sniff)."""
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:

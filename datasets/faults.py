@@ -23,12 +23,14 @@ import os
 import signal
 import time
 
+from datasets.process_id import current_pid
+
 ENV = "DATA_INJECT_FAULT"
 _parsed: dict[int, tuple[str, int] | None] = {}
 
 
 def _fault() -> tuple[str, int] | None:
-    pid = os.getpid()
+    pid = current_pid()
     if pid not in _parsed:
         spec = os.environ.get(ENV, "")
         kind, _, index = spec.partition("@")

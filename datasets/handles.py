@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from datasets.process_id import current_pid
+
 H = TypeVar("H")
 
 OPEN_LOG_ENV = "DATA_OPEN_LOG"
@@ -47,7 +49,7 @@ class ProcessLocalHandle(Generic[H]):
         self._pid: int | None = None
 
     def get(self) -> H:
-        pid = os.getpid()
+        pid = current_pid()
         if self._handle is None or self._pid != pid:
             # A handle inherited through fork belongs to the parent: forget it without closing
             # (closing it here could release the parent's locks or mappings).
@@ -57,7 +59,7 @@ class ProcessLocalHandle(Generic[H]):
         return self._handle
 
     def close(self) -> None:
-        if self._handle is not None and self._pid == os.getpid():
+        if self._handle is not None and self._pid == current_pid():
             self._closer(self._handle)
         self._handle = None
         self._pid = None
@@ -124,7 +126,7 @@ def die_with_parent(owner_pid: int) -> None:
     parent pid once at start-up, so a worker whose trainer dies while it starts would watch init
     instead and live forever. Once per process; a no-op in the owner and off Linux."""
     global _bound_pid
-    pid = os.getpid()
+    pid = current_pid()
     if _bound_pid == pid or pid == owner_pid:
         return
     _bound_pid = pid

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from datasets.handles import process_alive
+from datasets.process_id import current_pid
 from datasets.shared_block import SharedBlock
 
 SLOTS = 256  # loader workers x loaders x restarts of non-persistent workers, with room to spare
@@ -48,7 +49,7 @@ class InFlightTable:
         return self._block.array(np.int64, 0, COLUMNS * SLOTS).reshape(SLOTS, COLUMNS)
 
     def _my_slot(self) -> int:
-        pid = os.getpid()
+        pid = current_pid()
         if self._slot is not None and self._slot_pid == pid:
             return self._slot
         table = self._table()
@@ -62,15 +63,17 @@ class InFlightTable:
         return slot
 
     def _my_row(self) -> np.ndarray:
-        if self._row is None or self._slot_pid != os.getpid():
+        if self._row is None or self._slot_pid != current_pid():
             slot = self._my_slot()
             self._row = self._table()[slot]
         return self._row
 
     def start(self, index: int) -> None:
-        if self._raised_pid == os.getpid():
+        pid = current_pid()
+        if self._raised_pid == pid:
             return  # keep the sample that raised: the loaders read on after an exception
-        row = self._my_row()
+        # The slot of this process (after a fork, the child takes a slot of its own).
+        row = self._row if self._slot_pid == pid and self._row is not None else self._my_row()
         row[2] = time.monotonic_ns()
         row[3] = READING
         row[1] = index
@@ -79,13 +82,15 @@ class InFlightTable:
         """The sample being read raised: keep it in the table, marked as such. The first one
         stays: both loaders let a worker go on to its next samples until the trainer, which
         re-raises the exception, shuts them down."""
-        if self._raised_pid != os.getpid():
+        if self._raised_pid != current_pid():
             self._my_row()[3] = RAISED_DATA_ERROR if data_error else RAISED
-            self._raised_pid = os.getpid()
+            self._raised_pid = current_pid()
 
     def done(self) -> None:
-        if self._raised_pid != os.getpid():
-            self._my_row()[1] = IDLE
+        pid = current_pid()
+        if self._raised_pid != pid:
+            row = self._row if self._slot_pid == pid and self._row is not None else self._my_row()
+            row[1] = IDLE
 
     def busy(self) -> list[tuple[int, int, float, bool]]:
         """(pid, sample index, seconds on it, process alive) for every slot still reading."""

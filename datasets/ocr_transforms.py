@@ -70,19 +70,22 @@ class CharDict:
         """Label -> (int32 array padded with blanks to ``max_length``, true length)."""
         if not label.strip():
             raise BadSampleError("empty_label", "label is empty")
-        missing = sorted({c for c in label if c not in self._class_of})
-        if missing:
+        # One pass of dictionary lookups; the characters that are missing are only collected
+        # (a second pass) for the error message.
+        try:
+            classes = list(map(self._class_of.__getitem__, label))
+        except KeyError:
+            missing = sorted({c for c in label if c not in self._class_of})
             raise BadSampleError(
                 "label_out_of_dict",
                 f"label {label!r} has characters not in the dictionary: " f"{''.join(missing)!r}",
-            )
+            ) from None
         if len(label) > max_length:
             raise BadSampleError(
                 "label_too_long", f"label of {len(label)} characters > max_text_length {max_length}"
             )
-        encoded = np.zeros(max_length, dtype=np.int32)
-        encoded[: len(label)] = [self._class_of[c] for c in label]
-        return encoded, len(label)
+        classes += [0] * (max_length - len(classes))  # padded with blanks
+        return np.array(classes, dtype=np.int32), len(label)
 
     def decode(self, classes: np.ndarray) -> str:
         """Class ids (no blanks, no repeats collapsed) -> text."""
@@ -95,14 +98,23 @@ def resize_and_pad(image: np.ndarray, shape: tuple[int, int, int]) -> tuple[np.n
     h, w = image.shape[:2]
     resized_w = min(width, int(math.ceil(height * w / max(h, 1))))
     resized_w = max(resized_w, 1)
-    resized = cv2.resize(image, (resized_w, height), interpolation=cv2.INTER_LINEAR)
+    ratio = min(1.0, resized_w / width)
     if channels == 1:
-        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2GRAY)
-    # One call that allocates the output and pads it: half the cost of filling then copying.
-    out = cv2.copyMakeBorder(
-        resized, 0, 0, 0, width - resized_w, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3
-    )
-    return (out[:, :, None] if channels == 1 else out), min(1.0, resized_w / width)
+        resized = cv2.cvtColor(
+            cv2.resize(image, (resized_w, height), interpolation=cv2.INTER_LINEAR),
+            cv2.COLOR_BGR2GRAY,
+        )
+        out = cv2.copyMakeBorder(
+            resized, 0, 0, 0, width - resized_w, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3
+        )
+        return out[:, :, None], ratio
+    if resized_w == width:  # a long line fills the width: resize's own output, nothing to pad
+        return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR), ratio
+    # Resize straight into the left part of the padded output (OpenCV writes into the strided
+    # view, same pixels): no intermediate image, no second copy.
+    out = np.full((height, width, *image.shape[2:]), PAD_VALUE, dtype=image.dtype)
+    cv2.resize(image, (resized_w, height), dst=out[:, :resized_w], interpolation=cv2.INTER_LINEAR)
+    return out, ratio
 
 
 def augment_text_line(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.process_id import current_pid
+
 
 class SharedBlock:
     def __init__(self, path: str | Path, size: int | None = None) -> None:
@@ -35,10 +37,10 @@ class SharedBlock:
         self._pid: int | None = None
 
     def _mapped(self) -> mmap.mmap:
-        if self._map is None or self._pid != os.getpid():
+        if self._map is None or self._pid != current_pid():
             self._fd = os.open(self.path, os.O_RDWR)
             self._map = mmap.mmap(self._fd, 0)
-            self._pid = os.getpid()
+            self._pid = current_pid()
         return self._map
 
     def array(self, dtype, offset: int, count: int) -> np.ndarray:
