@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from datasets.process_id import current_pid
@@ -116,6 +117,65 @@ def owner_is_ancestor(owner_pid: int, depth: int = _OWNER_DEPTH) -> bool:
     return False
 
 
+# The stop signals a launcher sends to a rank's whole process group.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT in this thread while it starts loader workers (the backends wrap
+    the loaders' iter() in this). A worker is born in its trainer's process group and leaves it
+    only in die_with_parent; a launcher's group SIGTERM in between killed it (CI: torchrun
+    stopped a rank as its evaluation loader started; rank 1's worker was "killed by signal:
+    Terminated", rank 1 died and rank 0's all-reduce failed). Held, the signal waits: in the
+    trainer until its workers exist (then the stop handler takes it, as a stop request), in a
+    worker until it has left the group (then _release_stop_signals drops it). Workers inherit
+    the forking thread's mask, through exec too (spawn), so they start with both held."""
+    global _starting_workers
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    _starting_workers = True
+    try:
+        yield
+    finally:
+        _starting_workers = False
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+# Forked workers (both frameworks' default start method) leave the group at the fork itself, so
+# a group signal can reach one only in the moment between fork() and this hook. That matters:
+# signals do not queue, so a group SIGTERM still pending when the trainer sends its own (Python
+# terminates daemon workers at exit) merges with it, and dropping it would drop both. Spawned
+# and forkserver workers leave in die_with_parent; for them the backends' closing of an
+# interrupted epoch (torch: _shutdown_workers; Paddle: its generator's close) stops the workers
+# by message once they run, so an exit does not wait on a lost signal.
+_starting_workers = False
+
+
+def _leave_group_if_starting_worker() -> None:
+    if _starting_workers:
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_leave_group_if_starting_worker)
+
+
+def _release_stop_signals(owner_pid: int) -> None:
+    """In a worker that has just left its trainer's process group: drop the stop signals that
+    reached it while it was still in the group (they were meant for the trainer, which got its
+    own copy), then stop holding them. One its trainer (or parent) sent it is the trainer
+    ending it (Python's exit terminates daemon workers): exit quietly, as Torch's own worker
+    handler does for its parent's SIGTERM (re-raising it would die "killed by signal", which
+    the trainer reports as a lost worker)."""
+    from_owner = False
+    while (caught := signal.sigtimedwait(STOP_SIGNALS, 0)) is not None:
+        from_owner = from_owner or caught.si_pid in (owner_pid, os.getppid())
+    if from_owner:
+        os._exit(0)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def die_with_parent(owner_pid: int) -> None:
     """In a loader worker (a process other than ``owner_pid``, the one that built the dataset),
     leave the trainer's process group (see below) and ask the kernel to SIGKILL us when our
@@ -139,9 +199,9 @@ def die_with_parent(owner_pid: int) -> None:
     # worker with its trainer.
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    _release_stop_signals(owner_pid)
     try:
         import ctypes
-        import signal
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

@@ -110,6 +110,51 @@ def test_sigterm_burst_to_the_process_group_still_checkpoints(
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == step + 3
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_group_sigterm_while_evaluation_workers_start_is_a_stop(
+    task, framework, start_method, tmp_path, ocr_lmdb, image_h5
+):
+    """A loader worker starts in its trainer's process group and leaves it first thing in
+    worker_init_fn; a launcher's group SIGTERM in between killed it. Seen in CI: torchrun
+    stopped a rank just as its evaluation loader started, rank 1's worker died "killed by
+    signal: Terminated", rank 1 died, rank 0's all-reduce failed. Here every worker is held 3 s
+    in that window (DATA_INJECT_FAULT=startdelay@3) and the group gets the SIGTERM as the
+    evaluation starts: the run must stop with its checkpoint, not lose a worker, and exit (the
+    workers' own exit must not wait on a signal the pending group one swallowed: spawn)."""
+    run_dir = tmp_path / "run"
+    sets = [*SETTINGS, "train.eval_every=4", "loader.num_workers=2"]
+    sets += [f"loader.multiprocessing_context={start_method}"]
+    cmd = train_cmd(task, framework, run_dir, sets, ocr_lmdb=ocr_lmdb, image_h5=image_h5)
+    env = dict(os.environ, DATA_INJECT_FAULT="startdelay@3")
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as sink:
+        process = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+            start_new_session=True,  # its own process group, as a launcher starts each rank
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while "evaluating at step 4" not in err.read_text():
+                assert process.poll() is None and time.monotonic() < deadline, err.read_text()
+                time.sleep(0.05)
+            time.sleep(0.5)  # the evaluation workers are forked and in their start delay
+            os.killpg(process.pid, signal.SIGTERM)
+            code = process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    stderr = err.read_text()
+    assert "killed by signal" not in stderr and "died" not in stderr, stderr[-3000:]
+    assert code == 143, stderr[-3000:]
+    assert STOPPED.findall(stderr) == ["4"], stderr[-3000:]
+    assert only_checkpoint_step(run_dir) == 4
+
+
 def stop_launcher(cmd: list[str], run_dir: Path, out: Path, env=None) -> float:
     """Start a launcher, send it one SIGTERM at step 5 (what Kubernetes does to a pod's PID 1),
     return how long it took to exit. Its output goes to ``out``."""

@@ -21,6 +21,7 @@ import cv2
 import paddle
 
 from datasets.batch_ring import BatchRing, RingBatches, RingCollate, RingTicket, ticket_of
+from datasets.handles import stop_signals_held
 from datasets.sampler import EpochBatchSampler, EpochSampler
 from train.backends.common import LoaderKnobs, ring_slots, stack_samples
 from train.backends.paddle.compat import (
@@ -125,12 +126,14 @@ class PaddleLoader:
 
     def _batches(self) -> Iterator:
         check_zlib_load_order()  # fork workers inherit this process's bindings
-        # In this thread: Paddle starts its workers here (once, with persistent workers).
-        if self.loader.num_workers and _start_method() != "fork":
-            with zlib_preloaded_in_new_processes():
+        # In this thread: Paddle starts its workers here (once, with persistent workers), with
+        # the stop signals held until they have left this process group (datasets.handles).
+        with stop_signals_held():
+            if self.loader.num_workers and _start_method() != "fork":
+                with zlib_preloaded_in_new_processes():
+                    batches = iter(self.loader)
+            else:
                 batches = iter(self.loader)
-        else:
-            batches = iter(self.loader)
         if self.loader.num_workers and not self.loader._persistent_workers:
             batches = closing_pipes(batches)
         if self.loader.num_workers and self.timeout_s > 0:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from datasets.handles import stop_signals_held
 from datasets.sampler import EpochSampler
 from train.backends.common import LoaderKnobs, stack_samples
 
@@ -42,7 +43,8 @@ class _EpochLoader(DataLoader):
     of what each was reading. Persistent workers belong to the loader and are left alone."""
 
     def __iter__(self):
-        batches = super().__iter__()
+        with stop_signals_held():  # workers start here: see datasets.handles
+            batches = super().__iter__()
         if self.num_workers == 0 or self.persistent_workers:
             return batches
         return _stop_workers_on_interrupt(batches)
@@ -51,7 +53,11 @@ class _EpochLoader(DataLoader):
 def _stop_workers_on_interrupt(batches) -> Iterator:
     try:
         yield from batches
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, GeneratorExit):
+        # GeneratorExit: the epoch's batches were closed (an interrupted evaluation, after the
+        # stop's checkpoint): stop the workers by message now. Left to the iterator's collection,
+        # they outlived it whenever a traceback held the iterator, and Python's exit-time
+        # SIGTERM to them can be lost (datasets.handles.stop_signals_held).
         shutdown = getattr(batches, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
