@@ -300,11 +300,16 @@ compose_train_ocr() {
     check "ocr-paddle-smoke: $(summary_of ocr-paddle-smoke)"
     # After training, in the same image: the run's best checkpoint on its validation set.
     docker compose run --rm -T train-ocr python -m train.evaluate --run /runs/ocr-paddle-smoke \
-        > "$WORK/evaluate.json" || return 1
-    check "train.evaluate --run /runs/ocr-paddle-smoke: $(python3 -c 'import json, sys
-r = json.load(open(sys.argv[1]))
+        > "$WORK/evaluate.out" || return 1
+    # The output holds the image build's progress (pull_policy: build), then the JSON report,
+    # which starts at the last line that is a lone "{". No report, no pass.
+    local report
+    report=$(python3 -c 'import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+r = json.loads("\n".join(lines[len(lines) - 1 - lines[::-1].index("{"):]))
 print(r["checkpoint"], "acc=%.3g norm_edit_dis=%.3g samples=%d" % (r["acc"], r["norm_edit_dis"], r["samples"]))' \
-        "$WORK/evaluate.json")"
+        "$WORK/evaluate.out") || return 1
+    check "train.evaluate --run /runs/ocr-paddle-smoke: $report"
 }
 
 compose_second_scenario() {  # another scenario file, swapped by OCR_CONFIG alone (no paths)
