@@ -39,8 +39,9 @@ class _EpochLoader(DataLoader):
     holds the iterator's frames, and IPython keeps the last traceback (sys.last_traceback and
     its own, for %debug): a notebook cell interrupted while it waited for a batch kept the
     workers, their open files and their shared memory after ``del it`` until the next error or
-    a kernel restart. Other errors leave the workers as they are, for train.__main__'s report
-    of what each was reading. Persistent workers belong to the loader and are left alone."""
+    a kernel restart. Closing the epoch's batches (an interrupted evaluation) stops them too.
+    Other errors leave the workers as they are, for train.__main__'s report of what each was
+    reading. Persistent workers belong to the loader and are left alone."""
 
     def __iter__(self):
         with stop_signals_held():  # workers start here: see datasets.handles
