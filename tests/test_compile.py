@@ -4,8 +4,10 @@ same tensors (names, shapes, dtypes) as an uncompiled run's."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -46,21 +48,48 @@ def run(framework, out, ocr_lmdb, *extra) -> list[str]:
     return cmd
 
 
+# glibc's abort messages for a heap it found corrupted. A compiled torch CPU run's trainer died
+# of one twice, both times right after logging step 3 and before its SIGTERM handler had logged
+# anything ("corrupted size vs. prev_size while consolidating"): once in CI, once in 63 runs of
+# this stop on a 2-core host. The other 62 (SIGTERM at random points up to 0.4 s into step 4;
+# 14 under MALLOC_CHECK_=3) and 140,000 signal-handler calls inside compiled steps of a small
+# CNN did not show it, so its cause is not known. The trainer now prints every thread's Python
+# stack on such a crash (faulthandler). The test reruns the stop once after that abort, with the
+# crash's report in its warnings; a second abort, or any other failure, fails it.
+GLIBC_HEAP_ABORT = re.compile(
+    r"corrupted size|double free|free\(\): |malloc\(\): |malloc_consolidate"
+)
+
+
+def stop_at_step_3(framework, run_dir, ocr_lmdb) -> tuple[list[str], int, str]:
+    """Start a compiled run, SIGTERM it after step 3; its command, exit status and stderr."""
+    cmd = train_cmd("ocr", framework, run_dir, [*SETTINGS, "train.compile=true"], ocr_lmdb=ocr_lmdb)
+    process = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for_step(run_dir, process, 3, timeout=600)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    return cmd, process.returncode, stderr
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_compiled_run_stopped_and_resumed_equals_uninterrupted_compiled_run(
     framework, tmp_path, ocr_lmdb
 ):
     run(framework, tmp_path / "straight", ocr_lmdb, "train.compile=true")
 
-    cmd = train_cmd(
-        "ocr", framework, tmp_path / "stopped", [*SETTINGS, "train.compile=true"], ocr_lmdb=ocr_lmdb
-    )
-    process = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    wait_for_step(tmp_path / "stopped", process, 3, timeout=600)
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=300) == 143, process.stderr.read()[-3000:]
+    stopped_dir = tmp_path / "stopped"
+    cmd, returncode, stderr = stop_at_step_3(framework, stopped_dir, ocr_lmdb)
+    if returncode == -signal.SIGABRT and GLIBC_HEAP_ABORT.search(stderr):
+        warnings.warn(
+            f"the compiled {framework} run aborted on a corrupted heap; running it once more:\n"
+            + stderr[-6000:],
+            stacklevel=1,
+        )
+        stopped_dir = tmp_path / "stopped-again"
+        cmd, returncode, stderr = stop_at_step_3(framework, stopped_dir, ocr_lmdb)
+    assert returncode == 143, stderr[-3000:]
     resumed = subprocess.run(
         [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=900
     )
@@ -68,7 +97,7 @@ def test_compiled_run_stopped_and_resumed_equals_uninterrupted_compiled_run(
     assert "resumed from" in resumed.stderr
 
     straight = weights(tmp_path / "straight", framework)
-    stopped = weights(tmp_path / "stopped", framework)
+    stopped = weights(stopped_dir, framework)
     assert straight.keys() == stopped.keys()
     different = [k for k in straight if not np.array_equal(straight[k], stopped[k])]
     assert different == [], different[:5]

@@ -7,13 +7,14 @@ train/faults.py in the trainer), which no production config sets."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import numpy as np
 import pytest
 
 from datasets.sampler import EpochSampler
-from tests.test_resume import final_weights
+from tests.test_resume import final_weights, wait_for_step
 from tests.test_train import ROOT, train_cmd
 
 PAIRS = [
@@ -122,3 +123,25 @@ def test_batch_larger_than_the_dataset_is_a_data_error(tmp_path, ocr_lmdb, image
     assert len(errors) == 1, result.stderr[-3000:]
     assert "loader.batch_size 32 is larger than this rank's 24 samples" in errors[0]
     assert "HINT: lower loader.batch_size" in errors[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_native_crash_prints_every_threads_python_stack(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    """A crash in native code (here SIGABRT, which glibc sends itself on a corrupted heap) used
+    to end the trainer with nothing after its last log line; faulthandler, armed again after
+    Paddle's import replaced it, now prints where each thread was. The process still dies of
+    the signal."""
+    run_dir = tmp_path / "crashed"
+    extra = ["train.max_steps=200", "train.log_every=1"]
+    cmd = train_cmd(task, framework, run_dir, extra, ocr_lmdb, image_h5)
+    process = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for_step(run_dir, process, 2)
+    process.send_signal(signal.SIGABRT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == -signal.SIGABRT, stderr[-3000:]
+    assert "Fatal Python error: Aborted" in stderr, stderr[-3000:]
+    assert "train/loop.py" in stderr and "in train_epoch" in stderr, stderr[-3000:]

@@ -20,6 +20,7 @@ directory; 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (cont
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -102,9 +103,6 @@ def loader_failure(exc: BaseException, data, hung_after_s: float | None) -> int 
     """An exception the loader re-raised from a process reading samples: print what it was and
     return its exit code, or None when it is a bug (the caller re-raises it: a traceback).
     A worker is named as dead or hung only when the in-flight table shows one that is."""
-    # The loaders' SIGCHLD handlers (torch's raises) fire again for every further worker exit;
-    # we are failing anyway, so restore the default first.
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     too_many = data.train.bad_log.exceeded() if data is not None else None
     if too_many:  # raised in a worker; Paddle's own error does not carry the message
         print(f"error: {too_many}", file=sys.stderr)
@@ -192,7 +190,18 @@ class Held:
     lock = None
 
 
+def report_native_crashes() -> None:
+    """A crash in native code (a segfault, glibc's abort on a corrupted heap) ends the process
+    with no Python traceback. faulthandler prints every thread's Python stack to stderr first,
+    so that the log says what the run was doing. Called again once the framework is imported:
+    Paddle's import replaces the handlers with its own, which print nothing on SIGABRT. Loader
+    workers keep their framework's handlers (they report a worker's death themselves)."""
+    faulthandler.disable()
+    faulthandler.enable(all_threads=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    report_native_crashes()
     args = parse_args(argv)
     from train.stops import StopRequested
 
@@ -203,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s; continue with --resume", exc)
         return 130 if exc.signal_name == "SIGINT" else 143
     except Exception as exc:
+        # Torch's SIGCHLD handler raises for every further worker exit, and one that landed
+        # while this block sorted the failure replaced it with its own RuntimeError (exit 1 for
+        # a dead worker's exit 6). The run is failing anyway: restore the default first.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         code = errors.exit_code(exc)
         if code == errors.EXIT_CONFIG:
             print(exc, file=sys.stderr)
@@ -251,6 +264,7 @@ def run(args, held: Held) -> int:
     setup_logging(None, launcher_rank(config.framework) == 0)
     local_data = stage_remote(config)
     backend = make_backend(config)
+    report_native_crashes()  # after the framework's import (Paddle's replaces the handlers)
     dist = backend.init_distributed()
     held.backend = backend
     setup_logging(None, dist.is_main)
