@@ -193,10 +193,11 @@ class Held:
 def report_native_crashes() -> None:
     """A crash in native code (a segfault, glibc's abort on a corrupted heap) ends the process
     with no Python traceback. faulthandler prints every thread's Python stack to stderr first,
-    so that the log says what the run was doing. Called again once the framework is imported:
-    Paddle's import replaces the handlers with its own, which print nothing on SIGABRT. Loader
-    workers keep their framework's handlers (they report a worker's death themselves)."""
-    faulthandler.disable()
+    so that the log says what the run was doing, then hands the signal to the handler it
+    replaced. run() re-arms it after the framework's import, because Paddle's import installs
+    its own handlers over it (they print a C++ stack on a segfault, nothing on SIGABRT): then
+    both report, faulthandler first. Loader workers inherit it; the frameworks install their own
+    segfault handlers there."""
     faulthandler.enable(all_threads=True)
 
 
@@ -263,8 +264,9 @@ def run(args, held: Held) -> int:
     # bundled zlib (Paddle's) could break the S3 client's compression otherwise.
     setup_logging(None, launcher_rank(config.framework) == 0)
     local_data = stage_remote(config)
+    faulthandler.disable()  # the framework's import installs its crash handlers over the defaults
     backend = make_backend(config)
-    report_native_crashes()  # after the framework's import (Paddle's replaces the handlers)
+    report_native_crashes()  # over the framework's, which it calls after its own report
     dist = backend.init_distributed()
     held.backend = backend
     setup_logging(None, dist.is_main)
