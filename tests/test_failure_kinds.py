@@ -145,3 +145,16 @@ def test_native_crash_prints_every_threads_python_stack(
     assert process.returncode == -signal.SIGABRT, stderr[-3000:]
     assert "Fatal Python error: Aborted" in stderr, stderr[-3000:]
     assert "train/loop.py" in stderr and "in train_epoch" in stderr, stderr[-3000:]
+
+
+def test_native_crash_report_does_not_need_a_real_stderr(monkeypatch):
+    """main() called where stderr is a stream without a file descriptor (a notebook's) starts
+    without the report instead of failing."""
+    import io
+
+    from train.__main__ import report_native_crashes
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    report_native_crashes()
+    monkeypatch.setattr("sys.stderr", None)
+    report_native_crashes()

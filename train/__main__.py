@@ -197,8 +197,12 @@ def report_native_crashes() -> None:
     replaced. run() re-arms it after the framework's import, because Paddle's import installs
     its own handlers over it (they print a C++ stack on a segfault, nothing on SIGABRT): then
     both report, faulthandler first. Loader workers inherit it; the frameworks install their own
-    segfault handlers there."""
-    faulthandler.enable(all_threads=True)
+    segfault handlers there. A stderr without a file descriptor (a notebook's stream) gets no
+    report rather than a failed start."""
+    try:
+        faulthandler.enable(all_threads=True)
+    except (AttributeError, OSError, RuntimeError, ValueError):
+        log.debug("no native crash report: stderr has no file descriptor")
 
 
 def main(argv: list[str] | None = None) -> int:
