@@ -380,6 +380,11 @@ class Run:
         # launcher's burst. Python puts the default action back while the interpreter exits,
         # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # Nor is a worker that ends badly from here on a failure: a spawned evaluation worker
+        # still unpickling its start-up when the stop came dies once the trainer's semaphores
+        # are gone, and Torch's SIGCHLD handler then raised "DataLoader worker ... exited
+        # unexpectedly" in Python's exit, after the stop had succeeded.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if self.interrupted_batches is not None:  # now the loader may take its time to close
             self.interrupted_batches.close()
         self.open_batches = None
