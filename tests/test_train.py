@@ -4,6 +4,7 @@ tiny fixture data, the run directory's contents, one-line errors, and resume aft
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,11 @@ def train_cmd(task, framework, out, extra=(), ocr_lmdb=None, image_h5=None) -> l
         str(out),
     ]
     return cmd + set_args(sets)
+
+
+# A loader worker lost, in our words or the frameworks'. A bare "died" is not enough: the
+# /dev/shm sweep's line about files that dead processes of other runs left also holds it.
+LOST_WORKER = re.compile(r"worker pid \d+ died|killed by signal|exited unexpectedly")
 
 
 def run_train(*args, **kwargs) -> subprocess.CompletedProcess:
