@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from datasets.shared_block import SharedBlock
 log = logging.getLogger("datasets.bad_samples")
 
 _K = len(BAD_SAMPLE_KINDS)
+# The counters' file, in the temp directory: bad-samples-<creator pid>-<id>.state. A creator
+# killed with -9 cannot remove it; the next trainer's start-up sweep does (train/preflight.py).
+STATE_FILE_PREFIX = "bad-samples-"
+STATE_FILE = re.compile(r"bad-samples-(\d+)-[0-9a-f]+\.state")
 # Header (int64): epoch, then per-kind counts for the current epoch, then per-kind run totals.
 _EPOCH, _EPOCH_COUNTS, _TOTAL_COUNTS = 0, 1, 1 + _K
 _HEADER_ITEMS = 1 + 2 * _K
@@ -44,7 +49,7 @@ class BadSampleLog:
         self.bad_keys_file = str(bad_keys_file) if bad_keys_file else None
         state_dir = Path(state_dir) if state_dir else Path(tempfile.gettempdir())
         state_dir.mkdir(parents=True, exist_ok=True)
-        path = state_dir / f"bad-samples-{os.getpid()}-{id(self):x}.state"
+        path = state_dir / f"{STATE_FILE_PREFIX}{os.getpid()}-{id(self):x}.state"
         self._block = SharedBlock(path, 8 * _HEADER_ITEMS + num_samples)
 
     @property

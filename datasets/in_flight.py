@@ -15,6 +15,7 @@ the framework did to the exception's type on the way.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -33,12 +34,16 @@ READING = 0  # reading or transforming it
 RAISED_DATA_ERROR = 1  # raised a data error (a DatasetError, too many bad samples) on it
 RAISED = 2  # raised any other exception on it (a bug in a transform or decoder)
 STATES = {READING: "reading", RAISED_DATA_ERROR: "raised a data error on", RAISED: "raised on"}
+# The table's file, in the temp directory: in-flight-<creator pid>-<id>.state. A creator killed
+# with -9 cannot remove it; the next trainer's start-up sweep does (train/preflight.py).
+STATE_FILE_PREFIX = "in-flight-"
+STATE_FILE = re.compile(r"in-flight-(\d+)-[0-9a-f]+\.state")
 
 
 class InFlightTable:
     def __init__(self, state_dir: str | Path | None = None) -> None:
         state_dir = Path(state_dir) if state_dir else Path(tempfile.gettempdir())
-        path = state_dir / f"in-flight-{os.getpid()}-{id(self):x}.state"
+        path = state_dir / f"{STATE_FILE_PREFIX}{os.getpid()}-{id(self):x}.state"
         self._block = SharedBlock(path, 8 * COLUMNS * SLOTS)
         self._slot: int | None = None
         self._slot_pid: int | None = None

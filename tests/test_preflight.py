@@ -119,3 +119,36 @@ def test_stale_batches_are_old_files_of_dead_paddle_processes_only(tmp_path):
     assert preflight.remove_stale_batches(str(tmp_path)) == 4096
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(files) - {stale.paths[0].name})
     assert preflight.stale_batches(str(tmp_path / "missing")).paths == []
+
+
+def test_stale_state_files_are_those_of_dead_trainers_only(tmp_path):
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead, alive = finished.pid, os.getpid()
+    files = {
+        f"bad-samples-{dead}-7f3a.state": 300,  # stale
+        f"in-flight-{dead}-7f3b.state": 8192,  # stale
+        f"bad-samples-{alive}-7f3c.state": 10,  # this process's: alive
+        f"in-flight-{dead}-7f3d.tmp": 10,  # not our pattern
+        f"other-{dead}-7f3e.state": 10,  # not ours
+    }
+    for name, size in files.items():
+        (tmp_path / name).write_bytes(b"\0" * size)
+    stale = preflight.stale_state_files(str(tmp_path))
+    assert sorted(p.name for p in stale.paths) == sorted(list(files)[:2]) and stale.bytes == 8492
+    assert preflight.remove_stale_state_files(str(tmp_path)) == 8492
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(list(files)[2:])
+    assert preflight.stale_state_files(str(tmp_path / "missing")).paths == []
+
+
+def test_the_state_files_a_trainer_makes_match_the_sweeps_patterns(tmp_path):
+    from datasets.bad_samples import BadSampleLog
+    from datasets.in_flight import STATE_FILE as IN_FLIGHT
+    from datasets.in_flight import InFlightTable
+
+    BadSampleLog(10, state_dir=tmp_path), InFlightTable(tmp_path)
+    bad_samples, in_flight = sorted(p.name for p in tmp_path.iterdir())
+    for pattern, name in [(preflight.BAD_SAMPLES_FILE, bad_samples), (IN_FLIGHT, in_flight)]:
+        match = pattern.fullmatch(name)
+        assert match and int(match.group(1)) == os.getpid(), name
+    assert preflight.stale_state_files(str(tmp_path)).paths == []  # their creator is alive

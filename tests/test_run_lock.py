@@ -1,6 +1,7 @@
 """One run per output directory (train/run_lock.py): a second run on a locked directory fails at
 once naming the holder; the lock is released however the holder ends (kill -9 included), and a
-kill -9 of a run with data.cache: memory leaves a /dev/shm file that the next start removes."""
+kill -9 of a run with data.cache: memory leaves a /dev/shm file, and bad-sample and in-flight state
+files in the temp directory, that the next start removes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -62,6 +64,12 @@ def test_second_run_on_a_locked_directory_fails_and_a_killed_run_blocks_nothing(
         wait_for_step(run_dir, first, 2)
         cache_files = glob.glob(f"/dev/shm/data-cache-{first.pid}-*")
         assert cache_files, "the memory cache is not in /dev/shm"
+        temp = tempfile.gettempdir()
+        state_files = [
+            *glob.glob(f"{temp}/bad-samples-{first.pid}-*.state"),
+            *glob.glob(f"{temp}/in-flight-{first.pid}-*.state"),
+        ]
+        assert len(state_files) >= 2, "no bad-sample counters or in-flight table in the temp dir"
 
         second = subprocess.run(
             [*cmd, "--auto-resume"], cwd=ROOT, capture_output=True, text=True, timeout=120
@@ -73,7 +81,7 @@ def test_second_run_on_a_locked_directory_fails_and_a_killed_run_blocks_nothing(
     finally:
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
-    assert all(os.path.exists(f) for f in cache_files)  # kill -9 skipped the cleanup
+    assert all(os.path.exists(f) for f in cache_files + state_files)  # kill -9: no cleanup
 
     third = subprocess.run(
         [*cmd, "--auto-resume", *set_args(["train.max_steps=3"])],
@@ -85,4 +93,4 @@ def test_second_run_on_a_locked_directory_fails_and_a_killed_run_blocks_nothing(
     assert third.returncode == 0, third.stderr[-3000:]
     # Removed by this start's sweep, or by another trainer's starting on this host meanwhile
     # (the sweep is host-wide: /dev/shm is shared, e.g. by parallel test runs).
-    assert not any(os.path.exists(f) for f in cache_files)
+    assert not any(os.path.exists(f) for f in cache_files + state_files)

@@ -295,6 +295,7 @@ def run(args, held: Held) -> int:
     log.info("num_workers=%d (%s)", workers, reason)
     if dist.local_rank == 0:  # one sweep per node, before any worker of this run exists
         preflight.remove_stale_batches()
+        preflight.remove_stale_state_files()
     config, workers = preflight.apply_policy(config, workers, dist.local_world_size)
     held.data = build_run_data(config, run_dir, local_data)
     summary = loop.train(config, backend, dist, held.data, run_dir, resume, workers)

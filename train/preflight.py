@@ -17,7 +17,8 @@ plan as slots (prefetch_factor x num_workers + 2), so the plan counts it as it i
 
 Before sizing, the trainer deletes the batch files that dead Paddle processes left in /dev/shm
 (:func:`remove_stale_batches`), Paddle's own and our rings', which would otherwise fill it a
-little more at every crash.
+little more at every crash, and the bad-sample and in-flight state files that dead trainers
+left in the temp directory (:func:`remove_stale_state_files`).
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ import dataclasses
 import logging
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from datasets.bad_samples import STATE_FILE as BAD_SAMPLES_FILE
 from datasets.batch_ring import RING_PREFIX
 from datasets.cache import MEMORY_FILE
 from datasets.handles import process_alive
+from datasets.in_flight import STATE_FILE as IN_FLIGHT_FILE
 from train import tasks
 from train.errors import ShmTooSmallError
 
@@ -144,11 +148,7 @@ def stale_batches(
     and so are data.cache: memory's files (datasets/cache.py): only their trainer reads them."""
     now = time.time() if now is None else now
     stale = StaleBatches({})
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return stale
-    for entry in entries:
+    for entry in _scan(path):
         ring = _RING_FILE.fullmatch(entry.name)
         cache = MEMORY_FILE.fullmatch(entry.name)
         match = ring or cache or _PADDLE_BATCH_FILE.fullmatch(entry.name)
@@ -166,20 +166,61 @@ def stale_batches(
 
 def remove_stale_batches(path: str = SHM_PATH, older_than_s: float = STALE_AFTER_S) -> int:
     """Delete :func:`stale_batches`; return the bytes freed (logged when any)."""
+    return _remove(
+        stale_batches(path, older_than_s),
+        path,
+        "Paddle's batch files, batch rings, data.cache: memory",
+    )
+
+
+def stale_state_files(path: str | None = None) -> StaleBatches:
+    """The bad-sample counters and in-flight tables (datasets/bad_samples.py,
+    datasets/in_flight.py) in the temp directory whose trainer process is gone. Only their
+    trainer and its workers (which die with it) use them, so a dead creator is enough. A run
+    killed with -9 or crashed leaves them behind: a few KB plus one byte per sample each, which
+    on a host running tests piled up by the hundred. The pid is read in this process's pid
+    namespace, which is the creator's unless two containers share one temp directory; there a
+    live run's file could look stale, so keep TMPDIR per container (Docker's default)."""
+    path = tempfile.gettempdir() if path is None else path
+    stale = StaleBatches({})
+    for entry in _scan(path):
+        match = BAD_SAMPLES_FILE.fullmatch(entry.name) or IN_FLIGHT_FILE.fullmatch(entry.name)
+        if match and not process_alive(int(match.group(1))):
+            try:
+                stale.sizes[Path(entry.path)] = entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue  # removed meanwhile
+    return stale
+
+
+def remove_stale_state_files(path: str | None = None) -> int:
+    """Delete :func:`stale_state_files`; return the bytes freed (logged when any)."""
+    path = tempfile.gettempdir() if path is None else path
+    return _remove(stale_state_files(path), path, "bad-sample counters, in-flight tables")
+
+
+def _scan(path: str) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(path))
+    except OSError:
+        return []
+
+
+def _remove(stale: StaleBatches, path: str, kinds: str) -> int:
     removed, freed = 0, 0
-    for file, size in stale_batches(path, older_than_s).sizes.items():
+    for file, size in stale.sizes.items():
         try:
             file.unlink()
         except OSError:
-            continue  # another rank removed it first, or it is another user's (sticky /dev/shm)
+            continue  # another rank removed it first, or it is another user's (sticky directory)
         removed, freed = removed + 1, freed + size
     if removed:
         log.warning(
-            "%s: removed %d file(s), %s, left by processes that died without removing them "
-            "(Paddle's batch files, batch rings, data.cache: memory)",
+            "%s: removed %d file(s), %s, left by processes that died without removing them (%s)",
             path,
             removed,
             _mb(freed),
+            kinds,
         )
     return freed
 
