@@ -24,8 +24,8 @@ PAIRS = [
 SHORT = ["train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=100"]
 
 
-def run(task, framework, run_dir, fixtures, env, extra=()):
-    cmd = train_cmd(task, framework, run_dir, [*SHORT, *extra], *fixtures)
+def run(task, framework, run_dir, fixtures, env, extra=(), flags=()):
+    cmd = [*train_cmd(task, framework, run_dir, [*SHORT, *extra], *fixtures), *flags]
     env = {**os.environ, **env}
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
 
@@ -158,3 +158,25 @@ def test_native_crash_report_does_not_need_a_real_stderr(monkeypatch):
     report_native_crashes()
     monkeypatch.setattr("sys.stderr", None)
     report_native_crashes()
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_worker_killed_during_a_checkpoint_is_a_dead_worker_and_the_checkpoint_stands(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    """Before: the framework's dead-worker check raised inside the save, which reported
+    "checkpoint write failed" (exit 4) and removed the step's complete checkpoint."""
+    run_dir = tmp_path / "run"
+    workers = ["loader.num_workers=2", "loader.persistent_workers=true"]
+    env = {"TRAIN_INJECT_FAULT": "killworker@4"}
+    result = run(task, framework, run_dir, (ocr_lmdb, image_h5), env, workers)
+    assert result.returncode == 6, result.stderr[-3000:]
+    assert "died during the checkpoint of step 4, which is complete" in result.stderr
+    assert LOST_WORKER.search(result.stderr)  # the framework's words: its pid and signal 9
+    assert "checkpoint write failed" not in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert checkpoint_steps(run_dir) == [2, 4]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-00000004"
+    resumed = run(task, framework, run_dir, (ocr_lmdb, image_h5), {}, workers, ["--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "step-00000004" in resumed.stderr

@@ -9,18 +9,23 @@ the latest; ``latest`` names the newest and is replaced atomically too.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import os
 import pickle
 import shutil
+import signal
+import threading
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train.errors import CheckpointError  # raised here; main maps it to exit 4
+from train import faults
+from train.errors import CheckpointError, WorkerDiedError  # raised here; main maps them
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +140,7 @@ def _write_state(directory: Path, backend, position: Position, config) -> None:
     disk before a rename makes it a checkpoint."""
     directory.mkdir(parents=True)
     backend.save_state(directory)
+    faults.during_save(position.step)
     _fsync_tree(directory)
     meta = {
         "position": asdict(position),
@@ -147,10 +153,46 @@ def _write_state(directory: Path, backend, position: Position, config) -> None:
     _write_atomic(directory / "trainer.json", json.dumps(meta, indent=2))
 
 
+@contextlib.contextmanager
+def worker_exits_after_save(step: int) -> Iterator[None]:
+    """Hold the loaders' dead-worker check (their SIGCHLD handler) until the save is done.
+    Torch and Paddle raise from that handler in whatever code is running when a worker exits:
+    inside a save, a worker OOM-killed while the trainer wrote was reported as a failed
+    checkpoint write (exit 4) and the half-written checkpoint removed. Held, the save completes
+    and the worker's death is then raised as what it is (WorkerDiedError, exit 6)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread runs Python signal handlers, or may set them
+        return
+    check = signal.getsignal(signal.SIGCHLD)
+    if not callable(check):  # no loader has installed one (no workers), or not from Python
+        yield
+        return
+    exited: list[int] = []
+    signal.signal(signal.SIGCHLD, lambda signum, frame: exited.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, check)
+    if exited:
+        try:
+            check(signal.SIGCHLD, None)
+        except Exception as error:
+            raise WorkerDiedError(
+                f"a data loader worker died during the checkpoint of step {step}, which is "
+                f"complete: {str(error).strip()}\nHINT: for a kill by signal 9, check the "
+                "memory limit (dmesg, docker stats); continue with --resume"
+            ) from error
+
+
 def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> Path:
     """Write a checkpoint of ``position``; on failure (disk full...) remove what was written
     and raise CheckpointError naming the cause. The previous checkpoints and ``latest`` are
     touched only once the new one is complete."""
+    with worker_exits_after_save(position.step):
+        return _save(run_dir, backend, position, keep_last, config)
+
+
+def _save(run_dir: Path, backend, position: Position, keep_last: int, config) -> Path:
     started = time.perf_counter()
     root = Path(run_dir) / "checkpoints"
     final = root / f"step-{position.step:08d}"
@@ -308,6 +350,11 @@ def save_best(run_dir: Path, backend, position: Position, config, metric: str, v
     others (same files, trainer.json), written as ``best.partial`` and renamed into place, and
     keep_last never removes it. --resume reads the record, so a resumed run keeps comparing
     against the best before the stop."""
+    with worker_exits_after_save(position.step):
+        return _save_best(run_dir, backend, position, config, metric, value)
+
+
+def _save_best(run_dir: Path, backend, position: Position, config, metric: str, value: float):
     previous = best_metric(run_dir)
     if previous is not None and previous["metric"] == metric and value <= previous["value"]:
         return None

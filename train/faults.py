@@ -5,7 +5,9 @@ failure on purpose (loader workers have theirs: datasets/faults.py).
 
 multiplies the images of the batch of step 5 by NaN, so that step's loss is NaN;
 ``oom@5`` raises the backend's own out-of-memory exception (torch.cuda.OutOfMemoryError,
-Paddle's MemoryError) in place of step 5, as a CUDA allocator that runs out would. Several
+Paddle's MemoryError) in place of step 5, as a CUDA allocator that runs out would;
+``killworker@5`` kills one loader worker of this trainer with SIGKILL (as the OOM killer would)
+in the middle of the checkpoint of step 5 and gives its exit a second to be noticed. Several
 faults: ``nan@5,nan@6``. Unset (every production config), it costs one lookup per step.
 """
 
@@ -13,9 +15,12 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import time
+from pathlib import Path
 
 ENV = "TRAIN_INJECT_FAULT"
-KINDS = ("nan", "oom")
+KINDS = ("nan", "oom", "killworker")
 
 
 def _faults() -> dict[int, str]:
@@ -41,3 +46,18 @@ def before_step(step: int, batch: dict, backend) -> dict:
             f"CUDA out of memory. Tried to allocate 2.00 GiB ({ENV}=oom@{step}, injected)"
         )
     return batch
+
+
+def during_save(step: int) -> None:
+    """Called between writing a checkpoint's files and sealing them."""
+    if _FAULTS.get(step) != "killworker":
+        return
+    children = [
+        int(pid)
+        for task in Path("/proc/self/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    if not children:
+        raise RuntimeError(f"{ENV}=killworker@{step}: this trainer has no loader worker to kill")
+    os.kill(min(children), signal.SIGKILL)
+    time.sleep(1.0)

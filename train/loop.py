@@ -15,7 +15,7 @@ from datasets.errors import DatasetError
 from datasets.sampler import EpochSampler
 from train import checkpoint, faults, tasks
 from train.data import RunData
-from train.errors import NonFiniteLossError, OutOfMemoryError
+from train.errors import NonFiniteLossError, OutOfMemoryError, WorkerDiedError
 from train.stops import (
     EvaluationInterrupted,
     HeldBatches,
@@ -360,11 +360,17 @@ class Run:
         self.backend.barrier()
 
     def save(self) -> None:
+        died = None
         if self.dist.is_main:
             keep = self.train_cfg.keep_last
-            checkpoint.save(self.run_dir, self.backend, self.position, keep, self.config)
+            try:
+                checkpoint.save(self.run_dir, self.backend, self.position, keep, self.config)
+            except WorkerDiedError as error:  # saved; raised once the other ranks have it too
+                died = error
         self.backend.barrier()
         self.saved_at = self.position.step
+        if died is not None:
+            raise died
 
     def evaluate_and_save(self) -> None:
         if self.evaluated_at != self.position.step:
@@ -375,7 +381,10 @@ class Run:
     def stop(self) -> None:
         """Stop after a stop request: checkpoint this step unless done, then StopRequested."""
         if self.saved_at != self.position.step:
-            self.save()
+            try:
+                self.save()
+            except WorkerDiedError as died:  # the checkpoint is complete; the stop stands
+                log.warning("%s", died)
         # The checkpoint is on disk and nothing is left to save: ignore the rest of a
         # launcher's burst. Python puts the default action back while the interpreter exits,
         # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
