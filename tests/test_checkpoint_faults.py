@@ -106,3 +106,35 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step-00000004 (epoch 0, step 4)" in resumed.stderr
     assert "unusable" not in resumed.stderr
+
+
+def test_a_worker_exit_during_a_save_is_raised_after_it_as_a_dead_worker():
+    """The mechanism under the killworker test, with a stand-in for the frameworks' SIGCHLD
+    handler (both raise from it when a worker they started is gone): held during the save,
+    run once after it, put back; a save without a child exit raises nothing."""
+    import signal
+
+    from train.checkpoint import worker_exits_after_save
+    from train.errors import WorkerDiedError
+
+    calls = []
+
+    def frameworks_check(signum, frame):
+        calls.append(signum)
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed.")
+
+    previous = signal.signal(signal.SIGCHLD, frameworks_check)
+    try:
+        with worker_exits_after_save(6):
+            pass
+        assert calls == []
+        with pytest.raises(WorkerDiedError) as raised, worker_exits_after_save(8):
+            subprocess.run(["true"])  # its exit is a SIGCHLD, mid-"save"
+            assert calls == []  # not run inside the save
+        assert calls == [signal.SIGCHLD]
+        assert "during the checkpoint of step 8, which is complete" in str(raised.value)
+        assert "(pid 4242) is killed by signal" in str(raised.value)
+        assert raised.value.exit_code == 6
+        assert signal.getsignal(signal.SIGCHLD) is frameworks_check
+    finally:
+        signal.signal(signal.SIGCHLD, previous)

@@ -48,10 +48,15 @@ def before_step(step: int, batch: dict, backend) -> dict:
     return batch
 
 
+_KILLED_AT: set[int] = set()
+
+
 def during_save(step: int) -> None:
-    """Called between writing a checkpoint's files and sealing them."""
-    if _FAULTS.get(step) != "killworker":
+    """Called between writing a checkpoint's files and sealing them (best/ too: the first
+    save of the step kills, once)."""
+    if _FAULTS.get(step) != "killworker" or step in _KILLED_AT:
         return
+    _KILLED_AT.add(step)
     children = [
         int(pid)
         for task in Path("/proc/self/task").iterdir()
