@@ -158,7 +158,7 @@ def worker_exits_after_save(step: int) -> Iterator[None]:
     """Hold the loaders' dead-worker check (their SIGCHLD handler) until the save is done.
     Torch and Paddle raise from that handler in whatever code is running when a worker exits:
     inside a save, a worker OOM-killed while the trainer wrote was reported as a failed
-    checkpoint write (exit 4) and the half-written checkpoint removed. Held, the save completes
+    checkpoint write (exit 4) and the checkpoint it had written removed. Held, the save completes
     and the worker's death is then raised as what it is (WorkerDiedError, exit 6)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread runs Python signal handlers, or may set them
