@@ -180,3 +180,34 @@ def test_worker_killed_during_a_checkpoint_is_a_dead_worker_and_the_checkpoint_s
     resumed = run(task, framework, run_dir, (ocr_lmdb, image_h5), {}, workers, ["--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr and "step-00000004" in resumed.stderr
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
+def test_worker_killed_during_a_stops_checkpoint_leaves_the_stop_a_stop(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    """SIGTERM after step 4; the stop's checkpoint (the only one: no periodic ones) is of step
+    5, 6 or 7, each of which kills a worker mid-save. The death is logged, the checkpoint stays
+    and the exit is still the stop's 143."""
+    run_dir = tmp_path / "run"
+    extra = [
+        "train.max_steps=200",
+        "train.log_every=1",
+        "train.checkpoint_every=100000",
+        "train.eval_every=100000",
+        "loader.num_workers=2",
+        "loader.persistent_workers=true",
+    ]
+    env = {**os.environ, "TRAIN_INJECT_FAULT": "killworker@5,killworker@6,killworker@7"}
+    cmd = train_cmd(task, framework, run_dir, extra, ocr_lmdb, image_h5)
+    process = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
+    wait_for_step(run_dir, process, 4)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    [step] = checkpoint_steps(run_dir)
+    assert step in (5, 6, 7), stderr[-3000:]
+    assert f"died during the checkpoint of step {step}, which is complete" in stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
