@@ -126,7 +126,7 @@ STALE_AFTER_S = 600.0  # a live batch is taken within seconds; this leaves a wid
 
 
 @dataclass
-class StaleBatches:
+class StaleFiles:
     sizes: dict[Path, int]  # file -> bytes
 
     @property
@@ -140,14 +140,14 @@ class StaleBatches:
 
 def stale_batches(
     path: str = SHM_PATH, older_than_s: float = STALE_AFTER_S, now: float | None = None
-) -> StaleBatches:
+) -> StaleFiles:
     """Paddle batch files whose creator process is gone and that are older than
     ``older_than_s``: no process will ever take them. Both conditions, so that a batch in
     flight (young) and Paddle's reusable shm-cache buffers (creator alive) are never listed.
     Batch-ring files are listed as soon as their trainer process is gone, whatever their age,
     and so are data.cache: memory's files (datasets/cache.py): only their trainer reads them."""
     now = time.time() if now is None else now
-    stale = StaleBatches({})
+    stale = StaleFiles({})
     for entry in _scan(path):
         ring = _RING_FILE.fullmatch(entry.name)
         cache = MEMORY_FILE.fullmatch(entry.name)
@@ -173,7 +173,7 @@ def remove_stale_batches(path: str = SHM_PATH, older_than_s: float = STALE_AFTER
     )
 
 
-def stale_state_files(path: str | None = None) -> StaleBatches:
+def stale_state_files(path: str) -> StaleFiles:
     """The bad-sample counters and in-flight tables (datasets/bad_samples.py,
     datasets/in_flight.py) in the temp directory whose trainer process is gone. Only their
     trainer and its workers (which die with it) use them, so a dead creator is enough. A run
@@ -181,8 +181,7 @@ def stale_state_files(path: str | None = None) -> StaleBatches:
     on a host running tests piled up by the hundred. The pid is read in this process's pid
     namespace, which is the creator's unless two containers share one temp directory; there a
     live run's file could look stale, so keep TMPDIR per container (Docker's default)."""
-    path = tempfile.gettempdir() if path is None else path
-    stale = StaleBatches({})
+    stale = StaleFiles({})
     for entry in _scan(path):
         match = BAD_SAMPLES_FILE.fullmatch(entry.name) or IN_FLIGHT_FILE.fullmatch(entry.name)
         if match and not process_alive(int(match.group(1))):
@@ -206,7 +205,7 @@ def _scan(path: str) -> list[os.DirEntry]:
         return []
 
 
-def _remove(stale: StaleBatches, path: str, kinds: str) -> int:
+def _remove(stale: StaleFiles, path: str, kinds: str) -> int:
     removed, freed = 0, 0
     for file, size in stale.sizes.items():
         try:
