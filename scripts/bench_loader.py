@@ -75,6 +75,8 @@ PRESETS = {
 PACKAGES = (
     "numpy",
     "pillow",
+    "simplejpeg",
+    "isal",
     "opencv-python",
     "h5py",
     "lmdb",

@@ -1,0 +1,192 @@
+"""PNG records inflated by ISA-L decode to exactly cv2.imdecode's pixels, and everything the fast
+path does not handle (interlacing, corruption, too much data, a decompression bomb) falls back
+to OpenCV on the original bytes, with the same outcome as before."""
+
+from __future__ import annotations
+
+import io
+import struct
+import tracemalloc
+import zlib
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image, PngImagePlugin
+
+from datasets import png_inflate
+from datasets.decode import decode_bgr
+from datasets.errors import BadSampleError
+from datasets.png_inflate import SIGNATURE, with_stored_image_data
+
+
+def _chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    chunks, position = [], len(SIGNATURE)
+    while position < len(data):
+        (length,) = struct.unpack_from(">I", data, position)
+        chunks.append(
+            (data[position + 4 : position + 8], data[position + 8 : position + 8 + length])
+        )
+        position += 12 + length
+    return chunks
+
+
+def _png(chunks: list[tuple[bytes, bytes]]) -> bytes:
+    """A PNG from (type, body) pairs, with correct CRCs."""
+    out = [SIGNATURE]
+    for kind, body in chunks:
+        crc = zlib.crc32(body, zlib.crc32(kind))
+        out.append(struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc))
+    return b"".join(out)
+
+
+def _cv2_png(image: np.ndarray) -> bytes:
+    ok, encoded = cv2.imencode(".png", image)
+    assert ok
+    return encoded.tobytes()
+
+
+def _pil_png(image: Image.Image, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG", **options)
+    return buffer.getvalue()
+
+
+def _variants() -> dict[str, bytes]:
+    rng = np.random.default_rng(0)
+    # Smooth ramps plus noise: every PNG row filter gets picked somewhere.
+    ramp = np.add.outer(np.arange(37), np.arange(121)).astype(np.uint8)
+    noisy = (ramp[:, :, None] + rng.integers(0, 40, (37, 121, 3))).astype(np.uint8)
+    text = Image.fromarray(noisy[:, :, ::-1])
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "ancillary chunks before and after the image data")
+    palette = text.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    big = rng.integers(0, 255, (160, 200, 3), dtype=np.uint8)  # libpng splits its IDAT
+    return {
+        "bgr8": _cv2_png(noisy),
+        "bgr16": _cv2_png(noisy.astype(np.uint16) * 257),
+        "bgra8": _cv2_png(np.dstack([noisy, ramp])),
+        "grey8": _cv2_png(ramp),
+        "grey16": _cv2_png(ramp.astype(np.uint16) * 300),
+        "grey_alpha": _pil_png(Image.fromarray(ramp).convert("LA")),
+        "palette": _pil_png(palette),
+        "palette_transparency": _pil_png(palette, transparency=3),
+        "one_bit": _pil_png(Image.fromarray(ramp > 60)),
+        "text_chunks": _pil_png(text, pnginfo=info),
+        "many_idat": _cv2_png(big),
+        "one_pixel": _cv2_png(noisy[:1, :1]),
+    }
+
+
+VARIANTS = _variants()
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_pixels_are_opencvs_for_every_kind_of_png(name):
+    data = VARIANTS[name]
+    inflated = with_stored_image_data(data)
+    assert inflated is not None, "the fast path should take this PNG"
+    expected = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert np.array_equal(
+        cv2.imdecode(np.frombuffer(inflated, np.uint8), cv2.IMREAD_COLOR), expected
+    )
+    assert np.array_equal(decode_bgr(data), expected)
+    # Only the image data changed: every other chunk is there, in its order, byte for byte.
+    others = lambda png: [c for c in _chunks(png) if c[0] != b"IDAT"]  # noqa: E731
+    assert others(inflated) == others(data)
+    assert [kind for kind, _ in _chunks(inflated)].count(b"IDAT") == 1
+
+
+def test_the_test_images_cover_split_image_data_and_ancillary_chunks():
+    assert [k for k, _ in _chunks(VARIANTS["many_idat"])].count(b"IDAT") > 1
+    kinds = [k for k, _ in _chunks(VARIANTS["text_chunks"])]
+    assert b"tEXt" in kinds and kinds.index(b"tEXt") < kinds.index(b"IDAT")
+
+
+def _with_ihdr(data: bytes, **fields) -> bytes:
+    chunks = _chunks(data)
+    names = ("width", "height", "depth", "color", "compression", "filter", "interlace")
+    values = dict(zip(names, struct.unpack(">IIBBBBB", chunks[0][1])))
+    values.update(fields)
+    chunks[0] = (b"IHDR", struct.pack(">IIBBBBB", *values.values()))
+    return _png(chunks)
+
+
+def _with_idat(data: bytes, body: bytes) -> bytes:
+    chunks = [c for c in _chunks(data) if c[0] != b"IDAT"]
+    return _png([*chunks[:-1], (b"IDAT", body), chunks[-1]])
+
+
+def _idat(data: bytes) -> bytes:
+    return b"".join(body for kind, body in _chunks(data) if kind == b"IDAT")
+
+
+def _flip_byte(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+
+def _idat_crc_at(data: bytes) -> int:
+    start = data.index(b"IDAT") - 4
+    (length,) = struct.unpack_from(">I", data, start)
+    return start + 8 + length
+
+
+def _left_to_opencv(data: bytes) -> None:
+    """The fast path declines, and decode_bgr's outcome is OpenCV's on the original bytes."""
+    assert with_stored_image_data(data) is None
+    expected = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if expected is None:
+        with pytest.raises(BadSampleError, match="undecodable_image"):
+            decode_bgr(data)
+    else:
+        assert np.array_equal(decode_bgr(data), expected)
+
+
+def test_what_the_fast_path_declines_is_decoded_by_opencv_as_before():
+    good = VARIANTS["bgr8"]
+    raw = zlib.decompress(_idat(good))
+    cases = {
+        # Adam7 images are left to libpng (the flag alone: libpng then finds too little data).
+        "interlaced": _with_ihdr(good, interlace=1),
+        "idat_crc_wrong": _flip_byte(good, _idat_crc_at(good)),  # the data itself is intact
+        "idat_body_corrupt": _flip_byte(good, good.index(b"IDAT") + 24),
+        "zlib_stream_corrupt": _with_idat(good, _idat(good)[:40] + b"\x00" * 9 + _idat(good)[49:]),
+        "too_little_data": _with_idat(good, zlib.compress(raw[: len(raw) // 2])),
+        "too_much_data": _with_idat(good, zlib.compress(raw + raw[:500])),
+        "junk_after_stream": _with_idat(good, _idat(good) + b"junk"),
+        "no_idat": _png([c for c in _chunks(good) if c[0] != b"IDAT"]),
+        "chunk_length_past_the_end": good[:8] + b"\x7f\xff\xff\xff" + good[12:],
+    }
+    for name, data in cases.items():
+        try:
+            _left_to_opencv(data)
+        except AssertionError as error:
+            raise AssertionError(f"{name}: {error}") from error
+
+
+def test_a_decompression_bomb_in_the_image_data_is_never_inflated_past_the_header(monkeypatch):
+    # A 16 x 16 header over image data that inflates to 64 MB: only what the header allows
+    # (plus one byte) is ever inflated.
+    bomb = _with_idat(
+        _with_ihdr(VARIANTS["bgr8"], width=16, height=16), zlib.compress(bytes(64 << 20), 9)
+    )
+    assert len(bomb) < 100_000
+    tracemalloc.start()
+    try:
+        assert with_stored_image_data(bomb) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20
+
+
+def test_images_over_the_inflated_size_limit_go_to_opencv_whole(monkeypatch):
+    data = VARIANTS["many_idat"]
+    monkeypatch.setattr(png_inflate, "MAX_INFLATED_BYTES", 1000)
+    _left_to_opencv(data)
+
+
+def test_the_rewritten_image_data_is_stored_and_long_data_spans_blocks():
+    stored = png_inflate._stored_zlib(bytes(range(256)) * 600)  # 153,600 bytes: 3 blocks
+    assert stored[:2] == b"\x78\x01" and zlib.decompress(stored) == bytes(range(256)) * 600
+    assert zlib.decompress(png_inflate._stored_zlib(b"")) == b""
