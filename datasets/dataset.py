@@ -26,6 +26,7 @@ from datasets.errors import BAD_SAMPLE_KINDS, BadSampleError, DatasetError, TooM
 from datasets.handles import die_with_parent
 from datasets.in_flight import RAISED, RAISED_DATA_ERROR, InFlightTable
 from datasets.ocr_transforms import CharDict, augment_text_line, resize_and_pad
+from datasets.sampler import WholeBatch
 
 if TYPE_CHECKING:
     # typing.Unpack is new in Python 3.11 and the Paddle GPU image runs 3.10; the annotations
@@ -119,7 +120,35 @@ class RecordDataset:
         faults.delay_start()
         die_with_parent(self._owner_pid)
 
-    def __getitem__(self, item: int | tuple[int, int]) -> Sample:
+    def __getitem__(self, item: int | tuple[int, int] | WholeBatch) -> Sample:
+        if isinstance(item, WholeBatch):
+            return self.get_batch(item.items)
+        return self._sample(item)
+
+    def get_batch(self, items: list) -> Sample:
+        """The samples of ``items`` as one array per field, as stacking ``[self[i] for i in
+        items]`` would give them. The first sample fixes each field's shape and dtype; a
+        transform with ``fills_rows`` then writes every later sample straight into its row of
+        the batch (OCR: the resize lands in the batch), which saves a per-sample array and the
+        stacking copy, a tenth of an OCR sample's time at 0 workers. Other transforms' samples
+        are copied into their rows."""
+        first = self._sample(items[0])
+        batch = {
+            key: np.empty((len(items), *np.shape(value)), dtype=np.asarray(value).dtype)
+            for key, value in first.items()
+        }
+        fills_rows = getattr(self.transform, "fills_rows", False)
+        for row, item in enumerate(items):
+            # array[row, ...] is a view even for a 1-d field (a 0-d array), so it can be written
+            rows = {key: array[row, ...] for key, array in batch.items()}
+            sample = first if row == 0 else self._sample(item, rows if fills_rows else None)
+            if sample is not rows:
+                _copy_into_rows(rows, sample)
+        return batch
+
+    def _sample(self, item: int | tuple[int, int], rows: Sample | None = None) -> Sample:
+        """One sample; with ``rows``, the transform writes it into those arrays and returns
+        them (a substituted bad record overwrites them whole)."""
         die_with_parent(self._owner_pid)  # for loaders built without our worker_init_fn
         epoch, position = item if isinstance(item, tuple) else (self.bad_log.epoch, item)
         position = int(position)
@@ -130,7 +159,11 @@ class RecordDataset:
             try:
                 faults.maybe_inject(index)
                 data, label = self._read(index)
-                sample = self.transform(data, label, SampleRng((self.seed, epoch, index)))
+                rng = SampleRng((self.seed, epoch, index))
+                if rows is None:
+                    sample = self.transform(data, label, rng)
+                else:
+                    sample = self.transform(data, label, rng, out=rows)
                 self.in_flight.done()
                 return sample
             except BadSampleError as error:
@@ -149,11 +182,12 @@ class RecordDataset:
                 data_error = isinstance(error, (DatasetError, TooManyBadSamplesError))
                 self.in_flight.raised(data_error)
                 raise
-        self.in_flight.start(self._source_index(position))
+        first = self._source_index(position % len(self))  # positions past the end wrap
+        self.in_flight.start(first)
         self.in_flight.raised(data_error=True)
         raise TooManyBadSamplesError(
             f"{self.max_substitutions + 1} consecutive bad records from position {position} "
-            f"({self.source.key(self._source_index(position))}). HINT: run "
+            f"({self.source.key(first)}). HINT: run "
             "scripts/validate_data.py on the dataset"
         )
 
@@ -210,9 +244,28 @@ class RecordDataset:
             self.cache.close()
 
 
+def _copy_into_rows(rows: Sample, sample: Sample) -> None:
+    """Copy a sample into its rows of a batch; a field whose shape differs from the first
+    sample's is an error (broadcasting would hide it), as it is for np.stack."""
+    if sample.keys() != rows.keys():
+        raise ValueError(
+            f"sample fields {sorted(sample)} differ from the batch's first sample's {sorted(rows)}"
+        )
+    for key, value in sample.items():
+        if np.shape(value) != rows[key].shape:
+            raise ValueError(
+                f"sample field {key!r} has shape {np.shape(value)}, the batch's first sample "
+                f"{rows[key].shape}: every sample of a batch needs the same shape per field"
+            )
+        rows[key][...] = value
+
+
 class OcrTransform:
     """(image bytes, text) -> {"image": uint8 HxWxC, "label": int32[max_len], "length": int32}.
-    C, H, W come from ``image_shape``; the backend transposes to CxHxW on the device."""
+    C, H, W come from ``image_shape``; the backend transposes to CxHxW on the device. Given
+    ``out`` (rows of a batch, RecordDataset.get_batch), it writes the sample there instead."""
+
+    fills_rows = True
 
     def __init__(
         self,
@@ -228,13 +281,20 @@ class OcrTransform:
         self.max_text_length = max_text_length
         self.augment = augment
 
-    def __call__(self, data: bytes, label, rng: np.random.Generator) -> Sample:
+    def __call__(
+        self, data: bytes, label, rng: np.random.Generator, out: Sample | None = None
+    ) -> Sample:
         encoded, length = self.char_dict.encode(str(label), self.max_text_length)  # cheap first
         image = decode.decode_bgr(data, self.max_pixels)
         if self.augment:
             image = augment_text_line(image, rng)
-        image, _ = resize_and_pad(image, self.image_shape)
-        return {"image": image, "label": encoded, "length": np.int32(length)}
+        if out is None:
+            image, _ = resize_and_pad(image, self.image_shape)
+            return {"image": image, "label": encoded, "length": np.int32(length)}
+        resize_and_pad(image, self.image_shape, out=out["image"])
+        out["label"][...] = encoded
+        out["length"][...] = length
+        return out
 
 
 class ImageClassTransform:

@@ -92,8 +92,12 @@ class CharDict:
         return "".join(self.characters[c - 1] for c in classes if c > 0)
 
 
-def resize_and_pad(image: np.ndarray, shape: tuple[int, int, int]) -> tuple[np.ndarray, float]:
-    """BGR HxWx3 -> uint8 HxWxC for ``shape`` = (C, H, W); returns (image, valid width ratio)."""
+def resize_and_pad(
+    image: np.ndarray, shape: tuple[int, int, int], out: np.ndarray | None = None
+) -> tuple[np.ndarray, float]:
+    """BGR HxWx3 -> uint8 HxWxC for ``shape`` = (C, H, W); returns (image, valid width ratio).
+    With ``out`` (an H x W x C uint8 array, e.g. a row of a batch) the result is written there
+    and ``out`` returned."""
     channels, height, width = shape
     h, w = image.shape[:2]
     resized_w = min(width, int(math.ceil(height * w / max(h, 1))))
@@ -104,16 +108,28 @@ def resize_and_pad(image: np.ndarray, shape: tuple[int, int, int]) -> tuple[np.n
             cv2.resize(image, (resized_w, height), interpolation=cv2.INTER_LINEAR),
             cv2.COLOR_BGR2GRAY,
         )
-        out = cv2.copyMakeBorder(
+        padded = cv2.copyMakeBorder(
             resized, 0, 0, 0, width - resized_w, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3
+        )[:, :, None]
+        if out is None:
+            return padded, ratio
+        out[...] = padded
+        return out, ratio
+    if out is None:
+        if resized_w == width:  # a long line fills the width: resize's own output, no padding
+            return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR), ratio
+        out = np.full((height, width, *image.shape[2:]), PAD_VALUE, dtype=image.dtype)
+    elif resized_w < width:
+        out[:, resized_w:] = PAD_VALUE
+    # Resize straight into the left part of the output (OpenCV writes into the strided view,
+    # same pixels): no intermediate image, no second copy. OpenCV returns a new array instead
+    # when the view does not fit (shape or type): that would lose the pixels, so it is checked.
+    view = out[:, :resized_w]
+    if cv2.resize(image, (resized_w, height), dst=view, interpolation=cv2.INTER_LINEAR) is not view:
+        raise ValueError(
+            f"cannot resize a {image.shape} {image.dtype} image into a {out.shape} {out.dtype} "
+            "output: shape or type differ"
         )
-        return out[:, :, None], ratio
-    if resized_w == width:  # a long line fills the width: resize's own output, nothing to pad
-        return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR), ratio
-    # Resize straight into the left part of the padded output (OpenCV writes into the strided
-    # view, same pixels): no intermediate image, no second copy.
-    out = np.full((height, width, *image.shape[2:]), PAD_VALUE, dtype=image.dtype)
-    cv2.resize(image, (resized_w, height), dst=out[:, :resized_w], interpolation=cv2.INTER_LINEAR)
     return out, ratio
 
 

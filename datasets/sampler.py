@@ -105,3 +105,37 @@ class EpochBatchSampler:
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class WholeBatch:
+    """One loader item standing for a whole batch: ``dataset[WholeBatch(items)]`` returns the
+    batch itself, one array per field (datasets.dataset.RecordDataset.get_batch)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __repr__(self) -> str:
+        return f"WholeBatch({len(self.items)} items)"
+
+
+class WholeBatches:
+    """A batch sampler that hands each batch of ``batches`` to the dataset as a single
+    WholeBatch item. A framework loader then makes one dataset call per batch, and its collate
+    function receives ``[batch]``: the samples are written straight into the batch's arrays,
+    with no per-sample arrays to stack afterwards."""
+
+    def __init__(self, batches: EpochBatchSampler) -> None:
+        self.batches = batches
+
+    @property
+    def sampler(self) -> EpochSampler:
+        return self.batches.sampler
+
+    def __iter__(self) -> Iterator[list[WholeBatch]]:
+        for items in self.batches:
+            yield [WholeBatch(items)]
+
+    def __len__(self) -> int:
+        return len(self.batches)

@@ -131,7 +131,9 @@ def test_loader_honours_every_knob(ocr_lmdb):
 
     sampler = EpochSampler(len(dataset), shuffle=False)
     evaluation = backend.make_loader(dataset, sampler, config.loader, 0, False)
-    assert (evaluation.batch_size, evaluation.drop_last) == (40, False)
+    # At 0 workers the batching is a whole-batch sampler's (datasets.sampler.WholeBatches)
+    batches = evaluation.batch_sampler.batches
+    assert (batches.batch_size, batches.drop_last) == (40, False)
     assert evaluation.prefetch_factor is None and evaluation.timeout == 0  # no workers
     sizes = [len(batch["image"]) for batch in evaluation]
     assert sizes == [40, 40, 16]  # every evaluation sample counts

@@ -105,6 +105,8 @@ def test_substitution_gives_up_after_a_long_run_of_bad_records(tmp_path):
             return b"", "x"
 
         def key(self, index):
+            if not 0 <= index < 50:  # as the real sources do
+                raise IndexError(f"index {index} out of range")
             return f"k{index}"
 
         def index_of_key(self, key):
@@ -121,6 +123,12 @@ def test_substitution_gives_up_after_a_long_run_of_bad_records(tmp_path):
     dataset = RecordDataset(AllBad(), OcrTransform(CharDict(["x"])), max_substitutions=4)
     with pytest.raises(TooManyBadSamplesError, match="5 consecutive bad records"):
         dataset[0]
+    # A position past the end wraps (samplers that repeat a small dataset): the message names
+    # the record it wrapped to (it raised IndexError while building the message before).
+    with pytest.raises(TooManyBadSamplesError, match=r"from position 103 \(k3\)"):
+        dataset[103]
+    with pytest.raises(TooManyBadSamplesError, match=r"from position 7 \(k7\)"):
+        dataset.get_batch([(0, 7)])
 
 
 def test_image_kinds_read_error_and_bad_label(tmp_path, rng):

@@ -16,13 +16,20 @@ import torch
 from torch.utils.data import DataLoader
 
 from datasets.handles import stop_signals_held
-from datasets.sampler import EpochSampler
+from datasets.sampler import EpochBatchSampler, EpochSampler, WholeBatches
 from train.backends.common import LoaderKnobs, stack_samples
 
 
 def collate_uint8(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
     """Stack each field into one contiguous array; torch.from_numpy shares its memory."""
     return {key: torch.from_numpy(value) for key, value in stack_samples(samples).items()}
+
+
+def whole_batch_uint8(batches: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """collate_fn over WholeBatches: the fetch returned ``[batch]``, already one array per
+    field (RecordDataset.get_batch); torch.from_numpy shares its memory."""
+    (batch,) = batches
+    return {key: torch.from_numpy(np.asarray(value)) for key, value in batch.items()}
 
 
 def _worker_init(worker_id: int) -> None:
@@ -70,16 +77,24 @@ def make_loader(
 ) -> DataLoader:
     """A DataLoader with uint8 collation and every knob of ``knobs``; worker-only knobs are
     dropped when there are no workers (DataLoader rejects them there). pin_memory is the
-    caller's decision (only useful with a GPU)."""
+    caller's decision (only useful with a GPU). At 0 workers a dataset with ``get_batch`` is
+    fetched a whole batch per call (datasets.sampler.WholeBatches): its samples are written
+    into the batch's arrays, with nothing left to stack."""
     workers = knobs.num_workers > 0
+    if workers or not hasattr(dataset, "get_batch"):
+        batching = {
+            "batch_size": knobs.batch_size,
+            "sampler": sampler,
+            "drop_last": knobs.drop_last,
+            "collate_fn": collate_uint8,
+        }
+    else:
+        batches = EpochBatchSampler(sampler, knobs.batch_size, knobs.drop_last)
+        batching = {"batch_sampler": WholeBatches(batches), "collate_fn": whole_batch_uint8}
     return _EpochLoader(
         dataset,
-        batch_size=knobs.batch_size,
-        sampler=sampler,
         num_workers=knobs.num_workers,
-        collate_fn=collate_uint8,
         pin_memory=pin_memory and torch.cuda.is_available(),
-        drop_last=knobs.drop_last,
         timeout=knobs.timeout_s if workers else 0,
         worker_init_fn=_worker_init if workers else None,
         multiprocessing_context=knobs.multiprocessing_context if workers else None,
@@ -90,4 +105,5 @@ def make_loader(
         generator=torch.Generator().manual_seed(seed),
         prefetch_factor=knobs.prefetch_factor if workers else None,
         persistent_workers=knobs.persistent_workers and workers,
+        **batching,
     )
