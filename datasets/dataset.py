@@ -7,7 +7,10 @@ sample and of the number of workers, so a resumed or re-sharded run sees the sam
 
 Items may be plain ints (the epoch then comes from the shared state that the main process sets
 with ``start_epoch``) or ``(epoch, index)`` pairs, which samplers in train/ use so that a batch
-prefetched across an epoch boundary still gets the right seed.
+prefetched across an epoch boundary still gets the right seed. A ``WholeBatch`` of such items
+returns the whole batch, one array per field (``get_batch``: the backends' loaders use it at 0
+workers); a transform whose ``fills_rows`` is true then also takes ``out=``, the sample's rows of
+the batch, and writes the sample there.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """RecordDataset.get_batch (a whole batch in one call, samples written into their rows) gives
 exactly the stacked samples, bad-record substitution and counts included, and says so when a
-sample does not fit its batch. Paddle's loader at 0 workers uses it (tests/test_backend_contract
-compares those batches with the workers' batches)."""
+sample does not fit its batch. Both backends' loaders use it at 0 workers; the contract test
+test_persistent_workers_give_the_batches_of_the_main_process (tests/test_backend_contract.py)
+compares those batches with the workers' batches."""
 
 from __future__ import annotations
 
