@@ -5,6 +5,7 @@ normalizes on the device. With ``use_shared_memory`` and ``batch_ring`` (the def
 stack each batch straight into a slot of a /dev/shm ring this process owns
 (datasets/batch_ring.py) and send only its number through Paddle's queue: one copy per batch,
 where Paddle's own shared-memory hand-over (``batch_ring`` off) makes two in the worker.
+At 0 workers the dataset fills each batch in one call (datasets.sampler.WholeBatches).
 Paddle's loader always uses the process-wide multiprocessing start method, so a spawn context is
 selected with ``multiprocessing.set_start_method`` before the loader is built. What works around
 Paddle 2.6 here (zlib, the epoch-start poll, leaked pipes, the timeout) is in compat.py.
@@ -108,8 +109,8 @@ class PaddleLoader:
         """Copies of a collated batch's bytes on their way to the trainer's tensor: the ring
         slot, copied once into the tensor; Paddle's own shared memory: into a LoDTensor, then
         into a new /dev/shm file (worker.py, _reduce_lodtensor); pipes: pickled into the pipe
-        and unpickled (2), then made a tensor (1); no workers: none (the stacked arrays become
-        Tensors as they are, stack_to_tensors)."""
+        and unpickled (2), then made a tensor (1); no workers: none (the collated arrays become
+        Tensors as they are: whole_batch_to_tensors, stack_to_tensors)."""
         if not self.loader.num_workers:
             return 0
         if self.ring is not None:

@@ -29,7 +29,7 @@ def whole_batch_uint8(batches: list[dict[str, np.ndarray]]) -> dict[str, torch.T
     """collate_fn over WholeBatches: the fetch returned ``[batch]``, already one array per
     field (RecordDataset.get_batch); torch.from_numpy shares its memory."""
     (batch,) = batches
-    return {key: torch.from_numpy(np.asarray(value)) for key, value in batch.items()}
+    return {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
 def _worker_init(worker_id: int) -> None:
