@@ -183,6 +183,21 @@ def test_worker_killed_during_a_checkpoint_is_a_dead_worker_and_the_checkpoint_s
 
 
 @pytest.mark.parametrize("task, framework", PAIRS)
+def test_worker_killed_while_idle_is_a_dead_worker(task, framework, tmp_path, ocr_lmdb, image_h5):
+    """A worker killed between samples (its prefetch done, waiting for the next index): no
+    sample is in flight, so no record is named. Before: no culprit, and the framework's
+    RuntimeError ended the run with its traceback (exit 1)."""
+    workers = ["loader.num_workers=2", "loader.persistent_workers=true"]
+    env = {"TRAIN_INJECT_FAULT": "killidle@3"}
+    result = run(task, framework, tmp_path / "run", (ocr_lmdb, image_h5), env, workers)
+    assert result.returncode == 6, result.stderr[-3000:]
+    assert "died while it held no sample" in result.stderr, result.stderr[-3000:]
+    assert LOST_WORKER.search(result.stderr)  # the framework's words: its pid and signal 9
+    assert "while reading sample" not in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("task, framework", PAIRS)
 def test_worker_killed_during_a_stops_checkpoint_leaves_the_stop_a_stop(
     task, framework, tmp_path, ocr_lmdb, image_h5
 ):

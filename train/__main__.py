@@ -24,6 +24,7 @@ import faulthandler
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -99,6 +100,11 @@ def loader_report(data, hung_after_s: float | None) -> dict[str, list[str]]:
     return found
 
 
+# How torch ("DataLoader worker (pid 12) is killed by signal", "... (pid(s) 12) exited
+# unexpectedly") and Paddle ("DataLoader process (pid 12) exited ...") report a dead worker.
+FRAMEWORK_WORKER_DIED = re.compile(r"DataLoader (?:worker|process) \(pid")
+
+
 def loader_failure(exc: BaseException, data, hung_after_s: float | None) -> int | None:
     """An exception the loader re-raised from a process reading samples: print what it was and
     return its exit code, or None when it is a bug (the caller re-raises it: a traceback).
@@ -123,6 +129,20 @@ def loader_failure(exc: BaseException, data, hung_after_s: float | None) -> int 
             print(f"  {line}", file=sys.stderr)
         return None
     culprits = found.get("died", []) + found.get("hung", [])
+    if not culprits and FRAMEWORK_WORKER_DIED.search(str(exc)):
+        # The frameworks' own words for a dead worker, with no sample in flight: it died
+        # between samples (waiting for work, handing a batch over), so no record is to blame.
+        print(
+            "error: a data loader worker died while it held no sample (between samples, not "
+            f"on one): {one_line(exc)}",
+            file=sys.stderr,
+        )
+        print(
+            "HINT: a kill by signal 9 is most often the memory limit (dmesg, docker stats); "
+            "continue from the last checkpoint with --resume",
+            file=sys.stderr,
+        )
+        return errors.EXIT_WORKER
     if not culprits:
         return None
     print(f"error: data loader failed: {one_line(exc)}", file=sys.stderr)

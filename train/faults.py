@@ -7,8 +7,10 @@ multiplies the images of the batch of step 5 by NaN, so that step's loss is NaN;
 ``oom@5`` raises the backend's own out-of-memory exception (torch.cuda.OutOfMemoryError,
 Paddle's MemoryError) in place of step 5, as a CUDA allocator that runs out would;
 ``killworker@5`` kills one loader worker of this trainer with SIGKILL (as the OOM killer would)
-in the middle of the checkpoint of step 5 and gives its exit a second to be noticed. Several
-faults: ``nan@5,nan@6``. Unset (every production config), it costs one lookup per step.
+in the middle of the checkpoint of step 5 and gives its exit a second to be noticed;
+``killidle@5`` does the same before step 5, after a second in which the workers finish their
+prefetching and sit idle (no sample in flight). Several faults: ``nan@5,nan@6``. Unset (every
+production config), it costs one lookup per step.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 
 ENV = "TRAIN_INJECT_FAULT"
-KINDS = ("nan", "oom", "killworker")
+KINDS = ("nan", "oom", "killworker", "killidle")
 
 
 def _faults() -> dict[int, str]:
@@ -45,6 +47,9 @@ def before_step(step: int, batch: dict, backend) -> dict:
         raise backend.out_of_memory_errors[0](
             f"CUDA out of memory. Tried to allocate 2.00 GiB ({ENV}=oom@{step}, injected)"
         )
+    if kind == "killidle":
+        time.sleep(1.0)  # the workers fill their prefetch and wait for the next index
+        _kill_a_worker(step, kind)
     return batch
 
 
@@ -57,12 +62,18 @@ def during_save(step: int) -> None:
     if _FAULTS.get(step) != "killworker" or step in _KILLED_AT:
         return
     _KILLED_AT.add(step)
+    _kill_a_worker(step, "killworker")
+
+
+def _kill_a_worker(step: int, kind: str) -> None:
+    """SIGKILL this trainer's first child (a loader worker), then give the framework's
+    dead-worker check (its SIGCHLD handler) a second to notice."""
     children = [
         int(pid)
         for task in Path("/proc/self/task").iterdir()
         for pid in (task / "children").read_text().split()
     ]
     if not children:
-        raise RuntimeError(f"{ENV}=killworker@{step}: this trainer has no loader worker to kill")
+        raise RuntimeError(f"{ENV}={kind}@{step}: this trainer has no loader worker to kill")
     os.kill(min(children), signal.SIGKILL)
     time.sleep(1.0)
