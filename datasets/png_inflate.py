@@ -10,8 +10,9 @@ grey conversion, ancillary chunks) is still libpng's, so the pixels are exactly
 
 Whatever this module does not handle returns None and the caller decodes the original bytes:
 interlaced images, images whose inflated data is over ``MAX_INFLATED_BYTES`` (the rewrite holds
-two copies of it at once), and every malformed file (bad chunk layout or IDAT CRC, a zlib error,
-too much or too little data), so OpenCV classifies those exactly as before.
+up to three copies of it at once: the rows, the new chunk, the new file), and every malformed
+file (bad chunk layout or IDAT CRC, a zlib error, too much or too little data), so OpenCV
+classifies those exactly as before.
 """
 
 from __future__ import annotations
