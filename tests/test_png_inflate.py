@@ -190,3 +190,81 @@ def test_the_rewritten_image_data_is_stored_and_long_data_spans_blocks():
     stored = png_inflate._stored_zlib(bytes(range(256)) * 600)  # 153,600 bytes: 3 blocks
     assert stored[:2] == b"\x78\x01" and zlib.decompress(stored) == bytes(range(256)) * 600
     assert zlib.decompress(png_inflate._stored_zlib(b"")) == b""
+
+
+def _filtered_png(rgb: np.ndarray, filters: list[int], extra: list[tuple[bytes, bytes]] = ()):
+    """An 8-bit RGB (or grey, for a 2-d array) PNG whose row ``y`` uses PNG filter
+    ``filters[y]`` (0 None, 1 Sub, 2 Up), with ``extra`` chunks before the image data."""
+    image = rgb.astype(np.int16).reshape(rgb.shape[0], rgb.shape[1], -1)
+    height, width, channels = image.shape
+    rows = []
+    for y, kind in enumerate(filters):
+        row = image[y]
+        if kind == 1:
+            row = row - np.vstack([np.zeros((1, channels), np.int16), image[y, :-1]])
+        elif kind == 2:
+            row = row - (image[y - 1] if y else 0)
+        rows.append(bytes([kind]) + (row % 256).astype(np.uint8).tobytes())
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2 if channels == 3 else 0, 0, 0, 0)
+    idat = zlib.compress(b"".join(rows))
+    return _png([(b"IHDR", ihdr), *extra, (b"IDAT", idat), (b"IEND", b"")])
+
+
+def _unfiltered_by_numpy(data: bytes) -> bool:
+    parsed = png_inflate._split_chunks(data)
+    rows = png_inflate._inflated_rows(parsed)
+    return png_inflate._unfiltered_here(parsed, rows) is not None
+
+
+def test_opencvs_sub_filtered_pngs_are_unfiltered_without_libpng():
+    # OpenCV's encoder filters every row with Sub: its 8-bit grey and colour PNGs never reach
+    # libpng; PIL's adaptive filters do, as does everything that is not 8-bit grey or RGB.
+    for name in ("bgr8", "grey8", "many_idat", "one_pixel"):
+        assert _unfiltered_by_numpy(VARIANTS[name]), name
+    for name in ("bgr16", "bgra8", "grey16", "grey_alpha", "palette", "one_bit", "text_chunks"):
+        assert not _unfiltered_by_numpy(VARIANTS[name]), name
+    rng = np.random.default_rng(1)
+    rgb = rng.integers(0, 256, (9, 23, 3), dtype=np.uint8)
+    grey = rng.integers(0, 256, (9, 23), dtype=np.uint8)
+    passive = [(b"gAMA", struct.pack(">I", 45455)), (b"tEXt", b"Comment\x00hello")]
+    cases = {
+        "all Sub": (_filtered_png(rgb, [1] * 9), True),
+        "all None": (_filtered_png(rgb, [0] * 9), True),
+        "None and Sub mixed": (_filtered_png(rgb, [0, 1, 1, 0, 1, 0, 0, 1, 1]), True),
+        "grey, mixed": (_filtered_png(grey, [1, 0] * 4 + [1]), True),
+        "passive chunks": (_filtered_png(rgb, [1] * 9, passive), True),
+        "one Up row": (_filtered_png(rgb, [1] * 4 + [2] + [1] * 4), False),
+        "a tRNS chunk": (_filtered_png(rgb, [1] * 9, [(b"tRNS", bytes(6))]), False),
+        "an unknown chunk": (_filtered_png(rgb, [1] * 9, [(b"prVt", b"x")]), False),
+    }
+    for name, (data, by_numpy) in cases.items():
+        assert _unfiltered_by_numpy(data) == by_numpy, name
+        expected = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        assert expected is not None, name
+        assert np.array_equal(decode_bgr(data), expected), name
+
+
+def test_a_wrong_crc_outside_the_image_data_leaves_the_file_to_libpng():
+    # libpng stops at a critical chunk's wrong CRC (IHDR, IEND): the numpy path must not decode
+    # such a file into pixels; OpenCV's outcome on the original bytes stands.
+    good = VARIANTS["bgr8"]
+    assert _unfiltered_by_numpy(good)
+    ihdr_crc_at = len(SIGNATURE) + 8 + 13
+    iend_crc_at = len(good) - 4
+    # A tEXt chunk spliced in right after IHDR (which ends at byte 33), and its CRC.
+    with_text = good[:33] + _png([(b"tEXt", b"Comment\x00x")])[8:] + good[33:]
+    text_crc_at = 33 + 8 + len(b"Comment\x00x")
+    for name, data in {
+        "IHDR": _flip_byte(good, ihdr_crc_at),
+        "IEND": _flip_byte(good, iend_crc_at),
+        "tEXt": _flip_byte(with_text, text_crc_at),
+    }.items():
+        parsed = png_inflate._split_chunks(data)
+        if parsed is not None:
+            assert png_inflate._unfiltered_here(parsed, png_inflate._inflated_rows(parsed)) is None
+        expected = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        if expected is None:
+            with pytest.raises(BadSampleError, match="undecodable_image"):
+                decode_bgr(data)
+        else:
+            assert np.array_equal(decode_bgr(data), expected), name
