@@ -10,6 +10,7 @@ the file named in the spec, not stdout, which frameworks print warnings into.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -68,6 +69,18 @@ class MemorySampler:
         }
 
 
+def cpu_seconds(me: psutil.Process) -> float:
+    """User + system CPU time of this process, its live loader workers, and the workers it has
+    already reaped (psutil's children_* fields)."""
+    times = me.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child_times = child.cpu_times()
+            total += child_times.user + child_times.system
+    return total
+
+
 def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
     """Iterate up to spec["batches"] batches (None = the whole epoch); time every wait."""
     step_s, limit = spec.get("step_s", 0.0), spec.get("batches")
@@ -79,6 +92,7 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
     start = time.perf_counter()
     iterator = pipeline.epoch(epoch)
     waits, stamps, nbytes, dtype, first = [], [], 0, "", None
+    warmup, cpu_at_warmup = spec.get("warmup", 2), None
     while limit is None or len(stamps) < limit:
         before = time.perf_counter()
         try:
@@ -88,6 +102,8 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
         now = time.perf_counter()
         waits.append(now - before)
         stamps.append(now)
+        if len(stamps) == warmup + 1:  # the stamp the steady window starts at (summarize)
+            cpu_at_warmup = cpu_seconds(memory.me)
         if len(stamps) == 1:
             nbytes, dtype = batch_nbytes(batch), image_dtype(batch)
             first = handover.as_numpy(batch) if spec.get("handover", True) else None
@@ -97,8 +113,11 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
         del batch
         if step_s:
             time.sleep(step_s)  # the simulated train step; the loader keeps working meanwhile
+    # Read before the iterator goes: its workers' CPU time is still theirs (live children).
+    cpu_in_window = None if cpu_at_warmup is None else cpu_seconds(memory.me) - cpu_at_warmup
     del iterator  # a non-persistent loader shuts its workers down here
     return {
+        "cpu_s": cpu_in_window,
         "start": start,
         "waits": waits,
         "stamps": stamps,
@@ -126,6 +145,10 @@ def summarize(epochs: list[dict], spec: dict) -> dict:
         result["samples_per_s"] = round(steady * batch_size / wall, 2)
         # Wait fraction of the steady part: time blocked in next() over wall time.
         result["wait_fraction"] = round(sum(waits[warmup + 1 :]) / wall, 4)
+        if last["cpu_s"] is not None:
+            # Includes the batches prefetched past the window's end, as it excludes those
+            # prefetched before its start: a few batches either way, against tens in it.
+            result["cpu_us_per_sample"] = round(last["cpu_s"] / (steady * batch_size) * 1e6, 1)
     return result
 
 

@@ -4,6 +4,7 @@ dict. Comparisons run every arm inside one call, interleaved, and report medians
 from __future__ import annotations
 
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,8 +21,9 @@ def _ratio(a, b):
 
 
 def _compare(runner, arms: dict[str, str], base: dict, preset: dict, log) -> dict:
-    """{arm: {"samples_per_s": {workers: median}, "detail": {workers: aggregate}}}."""
-    out = {arm: {"samples_per_s": {}, "detail": {}} for arm in arms}
+    """{arm: {"samples_per_s": {workers: median}, "detail": {workers: aggregate},
+    "rounds": {workers: [samples/s of each round, None where the trial failed]}}}."""
+    out = {arm: {"samples_per_s": {}, "detail": {}, "rounds": {}} for arm in arms}
     for workers in preset["workers"]:
         log(f" workers={workers}")
         spec = {**base, "workers": workers}
@@ -30,16 +32,57 @@ def _compare(runner, arms: dict[str, str], base: dict, preset: dict, log) -> dic
             summary = aggregate(results)
             out[arm]["samples_per_s"][str(workers)] = summary["samples_per_s"]
             out[arm]["detail"][str(workers)] = summary
+            out[arm]["rounds"][str(workers)] = [
+                t.get("samples_per_s") if t.get("ok") else None for t in results
+            ]
     return out
 
 
 def _ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -> dict:
+    """Ratio of the median speeds, per peer and worker count."""
     speeds = {arm: out[arm]["samples_per_s"] for arm in (ours, *peers)}
     return {
         f"{ours}_vs_{peer}": {
             str(w): _ratio(speeds[ours][str(w)], speeds[peer][str(w)]) for w in workers
         }
         for peer in peers
+    }
+
+
+def _paired_ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -> dict:
+    """Median over the rounds of ours / peer within the round. The two trials of a round run
+    back to back (interleaved: ours then the peer, then the peer then ours), so a slow spell of
+    the shared host, which moves one arm's speed by 30-40% between rounds here, mostly cancels
+    in the round's own ratio; the ratio of the medians keeps it when the spells fall unevenly."""
+    paired = {}
+    for peer in peers:
+        by_workers = {}
+        for w in workers:
+            rounds = zip(out[ours]["rounds"][str(w)], out[peer]["rounds"][str(w)])
+            ratios = [a / b for a, b in rounds if a and b]
+            by_workers[str(w)] = round(statistics.median(ratios), 3) if ratios else None
+        paired[f"{ours}_vs_{peer}"] = by_workers
+    return paired
+
+
+def _cpu_ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -> dict:
+    """The peer's CPU time per sample over ours (trainer process plus its loader workers, in the
+    measured window): how much less CPU ours spends on a sample, whatever the parallelism."""
+    cpu = {
+        arm: {w: d.get("cpu_us_per_sample") for w, d in out[arm]["detail"].items()}
+        for arm in (ours, *peers)
+    }
+    return {
+        f"{ours}_vs_{peer}": {str(w): _ratio(cpu[peer][str(w)], cpu[ours][str(w)]) for w in workers}
+        for peer in peers
+    }
+
+
+def _all_ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -> dict:
+    return {
+        "ratios": _ratios(out, ours, peers, workers),
+        "paired_ratios": _paired_ratios(out, ours, peers, workers),
+        "cpu_ratios": _cpu_ratios(out, ours, peers, workers),
     }
 
 
@@ -52,7 +95,7 @@ def resnet_compare(runner, preset: dict, data: dict, log) -> dict:
         "decode_only": "resnet50.decode_only",
     }
     out = _compare(runner, arms, base, preset, log)
-    out["ratios"] = _ratios(out, "ours", ["torchvision_ref", "decode_only"], preset["workers"])
+    out.update(_all_ratios(out, "ours", ["torchvision_ref", "decode_only"], preset["workers"]))
     out["settings"] = {**base, "workers": preset["workers"], "reps": preset["reps"]}
     return out
 
@@ -84,19 +127,16 @@ def ocr_compare(runner, preset: dict, data: dict, log) -> dict:
     rows = {"ours": "ocr.ours", "paddleocr": "ocr.paddleocr"}
     log(f"ocr: ours vs PaddleOCR LMDBDataSet on {Path(lmdb).name} records")
     out = _compare(runner, rows, base, preset, log)
-    out["ratios"] = _ratios(out, "ours", ["paddleocr"], preset["workers"])
+    out.update(_all_ratios(out, "ours", ["paddleocr"], preset["workers"]))
     if preset.get("recaug"):
         log("ocr: with RecAug on both sides")
         aug = _compare(runner, rows, {**base, "augment": True}, preset, log)
         out["ours_recaug"], out["paddleocr_recaug"] = aug["ours"], aug["paddleocr"]
-        out["ratios"].update(
-            _ratios(
-                {"ours_recaug": aug["ours"], "paddleocr_recaug": aug["paddleocr"]},
-                "ours_recaug",
-                ["paddleocr_recaug"],
-                preset["workers"],
-            )
-        )
+        arms = {"ours_recaug": aug["ours"], "paddleocr_recaug": aug["paddleocr"]}
+        for kind, ratios in _all_ratios(
+            arms, "ours_recaug", ["paddleocr_recaug"], preset["workers"]
+        ).items():
+            out[kind].update(ratios)
     out["png_probe"] = probe
     out["records"] = "jpeg+png" if lmdb == data["ocr"]["mixed"] else "jpeg-only"
     out["settings"] = {**base, "workers": preset["workers"], "reps": preset["reps"]}

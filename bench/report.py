@@ -37,10 +37,16 @@ def throughput_table(results: dict) -> str:
         if speeds:
             cells = " | ".join(_fmt(speeds.get(w)) for w in workers)
             lines.append(f"| {task}.{arm} (samples/s) | {cells} |")
+    kinds = (  # bench/parts.py: _ratios, _paired_ratios, _cpu_ratios
+        ("ratios", "ratio"),  # of the median speeds
+        ("paired_ratios", "paired ratio"),  # median over the rounds of the round's own ratio
+        ("cpu_ratios", "CPU ratio"),  # the peer's CPU time per sample over ours
+    )
     for task in ("resnet50", "ocr"):
-        for name, by_workers in results.get(task, {}).get("ratios", {}).items():
-            cells = " | ".join(_fmt(by_workers.get(w), 2) for w in workers)
-            lines.append(f"| {task} ratio {name} | {cells} |")
+        for key, label in kinds:
+            for name, by_workers in results.get(task, {}).get(key, {}).items():
+                cells = " | ".join(_fmt(by_workers.get(w), 2) for w in workers)
+                lines.append(f"| {task} {label} {name} | {cells} |")
     return "\n".join(lines)
 
 
@@ -143,7 +149,7 @@ def plots(results: dict, out_prefix: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for arm, row in results[task].items():
             speeds = row.get("samples_per_s") if isinstance(row, dict) else None
-            if not speeds or arm in ("ratios", "settings"):
+            if not speeds or arm in ("ratios", "paired_ratios", "cpu_ratios", "settings"):
                 continue
             points = sorted((int(w), s) for w, s in speeds.items() if s)
             ax.plot(*zip(*points), marker="o", label=arm)

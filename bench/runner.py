@@ -126,6 +126,7 @@ def aggregate(trials: list[dict]) -> dict:
         out["errors"] = sorted({t.get("error", "")[:300] for t in trials if not t.get("ok")})
     for key in (
         "samples_per_s",
+        "cpu_us_per_sample",
         "wait_fraction",
         "batch_bytes",
         "peak_worker_rss_mb",

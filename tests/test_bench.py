@@ -42,11 +42,25 @@ def _check_arm(row: dict, workers: list[str], copies: int | None = None) -> None
         assert row["samples_per_s"][w] > 0
         detail = row["detail"][w]
         assert detail["trials_ok"] == detail["trials"] >= 1
+        # CPU time is counted in clock ticks: a tiny window may read 0, never less.
+        assert detail["cpu_us_per_sample"] >= 0
+        assert len(row["rounds"][w]) == detail["trials"] and all(row["rounds"][w])
         for key in ("batch_bytes", "peak_worker_uss_mb", "shm_peak_delta_bytes", "first_batch_s"):
             assert key in detail
         if w != "0" and copies is not None:  # the hand-over of worker batches (bench/handover.py)
             assert detail["copies_per_batch"] == copies
             assert detail["handover_ms"] > 0 and detail["handover_share"] > 0
+
+
+def _check_ratios(task: dict, names: set[str], workers: list[str]) -> None:
+    """The three ratio kinds, each per peer and worker count (None where a figure is 0)."""
+    for kind in ("ratios", "paired_ratios", "cpu_ratios"):
+        assert set(task[kind]) == names, kind
+        for by_workers in task[kind].values():
+            assert sorted(by_workers) == workers
+            assert all(r is None or r > 0 for r in by_workers.values())
+    for name in names:  # tiny runs one round: the paired ratio is that round's own
+        assert task["paired_ratios"][name] == pytest.approx(task["ratios"][name], rel=1e-3)
 
 
 def _check_common(result: dict, framework: str) -> None:
@@ -64,7 +78,9 @@ def test_bench_tiny_torch(tmp_path):
     _check_common(result, "torch")
     for arm, copies in (("ours", 1), ("torchvision_ref", 0), ("decode_only", 1)):
         _check_arm(result["resnet50"][arm], ["0", "1"], copies)
-    assert set(result["resnet50"]["ratios"]) == {"ours_vs_torchvision_ref", "ours_vs_decode_only"}
+    _check_ratios(
+        result["resnet50"], {"ours_vs_torchvision_ref", "ours_vs_decode_only"}, ["0", "1"]
+    )
     ipc = result["ipc"]["resnet50"]
     assert (ipc["ours_dtype"], ipc["peer_dtype"]) == ("uint8", "float32")
     assert ipc["ratio"] == pytest.approx(0.25, abs=0.01)
@@ -77,6 +93,7 @@ def test_bench_tiny_paddle_and_merge(tmp_path):
     _check_common(result, "paddle")
     for arm, copies in (("ours", 1), ("paddleocr", 2)):  # our batch ring; Paddle's own
         _check_arm(result["ocr"][arm], ["0", "1"], copies)
+    _check_ratios(result["ocr"], {"ours_vs_paddleocr"}, ["0", "1"])
     assert result["ocr"]["png_probe"]["result"] in ("ok", "failed")
     assert result["ocr"]["records"] in ("jpeg+png", "jpeg-only")
     assert result["ipc"]["ocr"]["ours_dtype"] == "uint8"
