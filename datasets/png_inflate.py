@@ -64,8 +64,7 @@ def decode(data: bytes) -> np.ndarray | None:
     pixels = _unfiltered_here(parsed, rows)
     if pixels is not None:
         return pixels
-    before, _, after, _ = parsed
-    stored = b"".join((SIGNATURE, *before, _chunk(b"IDAT", _stored_zlib(rows)), *after))
+    stored = _with_stored_rows(parsed, rows)
     image = cv2.imdecode(np.frombuffer(stored, dtype=np.uint8), cv2.IMREAD_COLOR)
     return image if image is not None and image.size else None
 
@@ -77,8 +76,11 @@ def with_stored_image_data(data: bytes) -> bytes | None:
     if parsed is None:
         return None
     rows = _inflated_rows(parsed)
-    if rows is None:
-        return None
+    return None if rows is None else _with_stored_rows(parsed, rows)
+
+
+def _with_stored_rows(parsed, rows: bytes) -> bytes:
+    """The PNG again, its IDAT chunks replaced by one holding ``rows`` in stored blocks."""
     before, _, after, _ = parsed
     return b"".join((SIGNATURE, *before, _chunk(b"IDAT", _stored_zlib(rows)), *after))
 
