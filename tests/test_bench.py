@@ -116,3 +116,26 @@ def test_bench_tiny_paddle_and_merge(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     joined = json.loads(merged.read_text())
     assert "paddle" in joined["machines"] and joined["ocr"]["ours"] == result["ocr"]["ours"]
+
+
+def test_ocr_layers_prints_every_layer():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.ocr_layers",
+            "--lines",
+            "64",
+            "--batch",
+            "16",
+            "--passes",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("decode", "+", "get"))]
+    assert len(rows) == 7 and all(float(row.split()[-1]) > 0 for row in rows)
