@@ -38,15 +38,18 @@ def _compare(runner, arms: dict[str, str], base: dict, preset: dict, log) -> dic
     return out
 
 
-def _ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -> dict:
-    """Ratio of the median speeds, per peer and worker count."""
-    speeds = {arm: out[arm]["samples_per_s"] for arm in (ours, *peers)}
-    return {
-        f"{ours}_vs_{peer}": {
-            str(w): _ratio(speeds[ours][str(w)], speeds[peer][str(w)]) for w in workers
+def _ratio_table(
+    figures: dict, ours: str, peers: list[str], workers: list[int], higher_is_better: bool
+) -> dict:
+    """{f"{ours}_vs_{peer}": {workers: ratio}} of a per-arm figure ({arm: {workers: value}}):
+    ours over the peer where higher is better (speed), the peer over ours where lower is (CPU)."""
+    table = {}
+    for peer in peers:
+        better, worse = (ours, peer) if higher_is_better else (peer, ours)
+        table[f"{ours}_vs_{peer}"] = {
+            str(w): _ratio(figures[better][str(w)], figures[worse][str(w)]) for w in workers
         }
-        for peer in peers
-    }
+    return table
 
 
 def _paired_ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -> dict:
@@ -65,24 +68,18 @@ def _paired_ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -
     return paired
 
 
-def _cpu_ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -> dict:
-    """The peer's CPU time per sample over ours (trainer process plus its loader workers, in the
-    measured window): how much less CPU ours spends on a sample, whatever the parallelism."""
-    cpu = {
-        arm: {w: d.get("cpu_us_per_sample") for w, d in out[arm]["detail"].items()}
-        for arm in (ours, *peers)
-    }
-    return {
-        f"{ours}_vs_{peer}": {str(w): _ratio(cpu[peer][str(w)], cpu[ours][str(w)]) for w in workers}
-        for peer in peers
-    }
-
-
 def _all_ratios(out: dict, ours: str, peers: list[str], workers: list[int]) -> dict:
+    """ "ratios": of the median speeds; "paired_ratios": see _paired_ratios; "cpu_ratios": the
+    peer's CPU time per sample (trainer plus loader workers, in the steady window) over ours."""
+    arms = (ours, *peers)
+    speeds = {arm: out[arm]["samples_per_s"] for arm in arms}
+    cpu = {
+        arm: {w: d.get("cpu_us_per_sample") for w, d in out[arm]["detail"].items()} for arm in arms
+    }
     return {
-        "ratios": _ratios(out, ours, peers, workers),
+        "ratios": _ratio_table(speeds, ours, peers, workers, higher_is_better=True),
         "paired_ratios": _paired_ratios(out, ours, peers, workers),
-        "cpu_ratios": _cpu_ratios(out, ours, peers, workers),
+        "cpu_ratios": _ratio_table(cpu, ours, peers, workers, higher_is_better=False),
     }
 
 

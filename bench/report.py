@@ -37,7 +37,7 @@ def throughput_table(results: dict) -> str:
         if speeds:
             cells = " | ".join(_fmt(speeds.get(w)) for w in workers)
             lines.append(f"| {task}.{arm} (samples/s) | {cells} |")
-    kinds = (  # bench/parts.py: _ratios, _paired_ratios, _cpu_ratios
+    kinds = (  # bench/parts.py: _all_ratios
         ("ratios", "ratio"),  # of the median speeds
         ("paired_ratios", "paired ratio"),  # median over the rounds of the round's own ratio
         ("cpu_ratios", "CPU ratio"),  # the peer's CPU time per sample over ours
