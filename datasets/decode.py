@@ -97,9 +97,10 @@ def decode_bgr(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.nda
     """Decode to an HxWx3 uint8 BGR array (PaddleOCR's convention for OCR): JPEGs with
     libjpeg-turbo straight into numpy (simplejpeg, a fifth cheaper than cv2.imdecode on text
     lines, and strict about corrupt data), everything else with OpenCV. PNGs are inflated by
-    ISA-L and then unfiltered by numpy (OpenCV's own Sub-filtered PNGs) or by libpng through
-    OpenCV (png_inflate.py: 0.13-0.15 ms a text line, not 0.27-0.37), unless they are of a kind
-    that module leaves to OpenCV whole."""
+    ISA-L and then unfiltered by running sums from OpenCV's integral image (OpenCV's own
+    Sub-filtered PNGs) or by libpng through OpenCV (png_inflate.py: about two thirds of
+    cv2.imdecode's time on a text line), unless they are of a kind that module leaves to
+    OpenCV whole."""
     fmt = check_encoded(data, max_pixels)
     if fmt == "jpeg":
         return _decode_jpeg(data, "BGR")

@@ -268,3 +268,23 @@ def test_a_wrong_crc_outside_the_image_data_leaves_the_file_to_libpng():
                 decode_bgr(data)
         else:
             assert np.array_equal(decode_bgr(data), expected), name
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_running_sums_from_the_integral_image_wrap_as_the_filter_does(channels, monkeypatch):
+    # The Sub filter's undo is a running sum per row and channel modulo 256. OpenCV's integral
+    # image gives it from int32 sums (which here reach 255 * 300 * 700 * 3, far past 256): the
+    # low byte must equal numpy's uint8 running sum, for views with a filter byte per row as
+    # _unfiltered_here passes them, and an image too big for exact int32 sums takes numpy's way.
+    rng = np.random.default_rng(channels)
+    height, width = 300, 700
+    table = rng.integers(0, 256, (height, 1 + width * channels), dtype=np.uint8)
+    filtered = table[:, 1:].reshape(height, width, channels)
+    expected = np.add.accumulate(filtered, axis=1, dtype=np.uint8)
+    assert np.array_equal(png_inflate._running_sums_mod_256(filtered), expected)
+    assert np.array_equal(png_inflate._running_sums_mod_256(filtered[:1, :1]), filtered[:1, :1])
+    calls = []
+    monkeypatch.setattr(png_inflate.cv2, "integral", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(png_inflate, "_INT32_LIMIT", 255 * height * width * channels)
+    assert np.array_equal(png_inflate._running_sums_mod_256(filtered), expected)
+    assert not calls  # numpy's way, not the integral image
