@@ -291,7 +291,11 @@ class OcrTransform:
     def __call__(
         self, data: bytes, label, rng: np.random.Generator, out: Sample | None = None
     ) -> Sample:
-        encoded, length = self.char_dict.encode(str(label), self.max_text_length)  # cheap first
+        # The label first: it is cheap, and a bad one spares the decode.
+        if out is None:
+            encoded, length = self.char_dict.encode(str(label), self.max_text_length)
+        else:
+            length = self.char_dict.encode_into(str(label), self.max_text_length, out["label"])
         image = decode.decode_bgr(data, self.max_pixels)
         if self.augment:
             image = augment_text_line(image, rng)
@@ -299,7 +303,6 @@ class OcrTransform:
             image, _ = resize_and_pad(image, self.image_shape)
             return {"image": image, "label": encoded, "length": np.int32(length)}
         resize_and_pad(image, self.image_shape, out=out["image"])
-        out["label"][...] = encoded
         out["length"][...] = length
         return out
 

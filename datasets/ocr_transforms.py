@@ -68,6 +68,16 @@ class CharDict:
 
     def encode(self, label: str, max_length: int) -> tuple[np.ndarray, int]:
         """Label -> (int32 array padded with blanks to ``max_length``, true length)."""
+        return np.array(self._padded_classes(label, max_length), dtype=np.int32), len(label)
+
+    def encode_into(self, label: str, max_length: int, out: np.ndarray) -> int:
+        """``encode`` written into ``out`` (an int32 array of ``max_length``, e.g. a batch row):
+        one conversion of the class list, where encode's array and a copy into the row are two.
+        Returns the true length."""
+        out[...] = self._padded_classes(label, max_length)
+        return len(label)
+
+    def _padded_classes(self, label: str, max_length: int) -> list[int]:
         if not label.strip():
             raise BadSampleError("empty_label", "label is empty")
         # One pass of dictionary lookups; the characters that are missing are only collected
@@ -84,8 +94,7 @@ class CharDict:
             raise BadSampleError(
                 "label_too_long", f"label of {len(label)} characters > max_text_length {max_length}"
             )
-        classes += [0] * (max_length - len(classes))  # padded with blanks
-        return np.array(classes, dtype=np.int32), len(label)
+        return classes + [0] * (max_length - len(classes))  # padded with blanks
 
     def decode(self, classes: np.ndarray) -> str:
         """Class ids (no blanks, no repeats collapsed) -> text."""

@@ -38,6 +38,13 @@ def test_char_dict_encoding_and_errors(tmp_path):
         with pytest.raises(BadSampleError) as info:
             chars.encode(label, 6)
         assert info.value.kind == kind
+        # encode_into (a batch row) refuses the same labels and leaves the row as it was
+        row = np.full(6, 9, dtype=np.int32)
+        with pytest.raises(BadSampleError) as info:
+            chars.encode_into(label, 6, row)
+        assert info.value.kind == kind and row.tolist() == [9] * 6
+    row = np.full(6, 9, dtype=np.int32)
+    assert chars.encode_into("ab c", 6, row) == 4 and row.tolist() == encoded.tolist()
     (tmp_path / "d.txt").write_text("a\nbb\n")
     with pytest.raises(DatasetError, match="exactly one character"):
         CharDict.from_file(tmp_path / "d.txt")
