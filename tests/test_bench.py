@@ -4,6 +4,7 @@ No timing assertions: speed targets live in the benchmark (docs/benchmarks.md), 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,37 @@ def test_ocr_layers_prints_every_layer():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("decode", "+", "get"))]
     assert len(rows) == 7 and all(float(row.split()[-1]) > 0 for row in rows)
+
+
+def _instructions(tmp_path: Path, task: str) -> dict:
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (apt-get install valgrind)")
+    out = tmp_path / f"instructions-{task}.json"
+    command = [sys.executable, "-m", "bench.instructions", "--task", task, "--items", "64"]
+    command += ["--batch-size", "16", "--passes", "1", "--out", str(out)]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["settings"]["batch_size"] == 16 and result["settings"]["passes"] == 1
+    for row in result["arms"].values():
+        # Real work per sample (a decode is tens of thousands of instructions at the least),
+        # most of it in named libraries.
+        assert row["instructions_per_sample"] > 20_000
+        assert sum(row["by_library"].values()) > 0.5 * row["instructions_per_sample"]
+    assert result["peer_over_ours"] > 0
+    assert f"{result['peer']} / {result['ours']} instructions" in proc.stdout
+    return result
+
+
+@pytest.mark.paddle
+def test_instruction_counts_ocr(tmp_path):
+    result = _instructions(tmp_path, "ocr")
+    assert set(result["arms"]) == {"ours", "paddleocr"}
+    # Ours decodes JPEGs with simplejpeg's libjpeg-turbo; PaddleOCR's with OpenCV's.
+    assert any("jpeg" in name for name in result["arms"]["ours"]["by_library"])
+
+
+@pytest.mark.torch
+def test_instruction_counts_resnet50(tmp_path):
+    result = _instructions(tmp_path, "resnet50")
+    assert set(result["arms"]) == {"ours", "torchvision_ref"}
