@@ -34,6 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Instruction counts belong to the binaries that ran: their versions go with the result.
+PACKAGES = ("numpy", "simplejpeg", "isal", "opencv-python-headless", "pillow", "lmdb", "h5py")
+PACKAGES += ("paddlepaddle", "paddleocr", "torch", "torchvision")
 ARMS = {
     "ocr": ("ocr.ours", "ocr.paddleocr"),
     "resnet50": ("resnet50.ours", "resnet50.torchvision_ref"),
@@ -44,6 +47,21 @@ DEFAULTS = {  # the quick preset's data; the OCR batch of the full preset
     "ocr": {"items": 768, "batch_size": 128},
     "resnet50": {"items": 256, "batch_size": 32},
 }
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata
+
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True)
+    found["valgrind"] = valgrind.stdout.strip()
+    found["python"] = sys.version.split()[0]
+    return found
 
 
 def _spec(task: str, items: int, batch_size: int) -> dict:
@@ -188,6 +206,7 @@ def measure(task: str, items: int, batch_size: int, passes: int) -> dict:
         "ours": ours,
         "peer": peer,
         "peer_over_ours": round(ratio, 3),
+        "versions": _versions(),
     }
 
 

@@ -158,6 +158,7 @@ def _instructions(tmp_path: Path, task: str) -> dict:
         assert row["instructions_per_sample"] > 20_000
         assert sum(row["by_library"].values()) > 0.5 * row["instructions_per_sample"]
     assert result["peer_over_ours"] > 0
+    assert result["versions"]["valgrind"].startswith("valgrind-")  # the counts' binaries
     assert f"{result['peer']} / {result['ours']} instructions" in proc.stdout
     return result
 
