@@ -142,7 +142,13 @@ def test_native_crash_prints_every_threads_python_stack(
     wait_for_step(run_dir, process, 2)
     process.send_signal(signal.SIGABRT)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == -signal.SIGABRT, stderr[-3000:]
+    # faulthandler hands the signal on to the framework's own crash handler after its report.
+    # Paddle's once died of SIGSEGV in there (1 of 12 runs here, under load, its Python stacks
+    # printed in full): the report is what this test is about, so either signal passes.
+    dying_signals = (
+        (-signal.SIGABRT, -signal.SIGSEGV) if framework == "paddle" else (-signal.SIGABRT,)
+    )
+    assert process.returncode in dying_signals, stderr[-3000:]
     assert "Fatal Python error: Aborted" in stderr, stderr[-3000:]
     assert "train/loop.py" in stderr and "in train_epoch" in stderr, stderr[-3000:]
 
