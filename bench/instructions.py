@@ -14,9 +14,9 @@ Each arm (a bench/pipelines.py builder, 0 workers) runs once under callgrind: a 
 (imports, first LMDB/HDF5 touches, lazy initialisation), then ``--passes`` passes, counted on
 their own (``callgrind_control --dump`` between the parts). A pass is one shuffled epoch over
 the whole dataset (``--items``, a multiple of ``--batch-size``), so both arms decode exactly
-the same records, whose mix of JPEG and PNG sets the work.
-Their instructions over their samples are the work per sample in the steady state, every thread
-included (Paddle's loader reads in a thread of its own). Needs ``valgrind`` on PATH.
+the same records (their mix of JPEG and PNG sets the work). The measured passes' instructions
+over their samples are the work per sample in the steady state, every thread included
+(Paddle's loader reads in a thread of its own). Needs ``valgrind`` on PATH.
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Instruction counts belong to the binaries that ran: their versions go with the result.
-PACKAGES = ("numpy", "simplejpeg", "isal", "opencv-python-headless", "pillow", "lmdb", "h5py")
-PACKAGES += ("paddlepaddle", "paddleocr", "torch", "torchvision")
 ARMS = {
     "ocr": ("ocr.ours", "ocr.paddleocr"),
     "resnet50": ("resnet50.ours", "resnet50.torchvision_ref"),
@@ -50,18 +47,15 @@ DEFAULTS = {  # the quick preset's data; the OCR batch of the full preset
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata
+    """Instruction counts belong to the binaries that ran: their versions go with the result."""
+    from bench.runner import package_versions
 
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
     valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True)
-    found["valgrind"] = valgrind.stdout.strip()
-    found["python"] = sys.version.split()[0]
-    return found
+    return {
+        **package_versions(),
+        "valgrind": valgrind.stdout.strip(),
+        "python": sys.version.split()[0],
+    }
 
 
 def _spec(task: str, items: int, batch_size: int) -> dict:

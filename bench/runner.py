@@ -18,6 +18,35 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The libraries a result depends on: their versions are written into every result.
+PACKAGES = (
+    "numpy",
+    "pillow",
+    "simplejpeg",
+    "isal",
+    "opencv-python",
+    "opencv-python-headless",
+    "h5py",
+    "lmdb",
+    "psutil",
+    "torch",
+    "torchvision",
+    "paddlepaddle",
+    "paddleocr",
+)
+
+
+def package_versions() -> dict[str, str]:
+    """{name: version} of the PACKAGES installed in this venv."""
+    import importlib.metadata
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
 
 
 class ChildCrashed(RuntimeError):

@@ -19,7 +19,6 @@ Keys are documented in docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -72,20 +71,6 @@ PRESETS = {
         "parts": ["compare", "stall", "knobs", "cold", "uss"],
     },
 }
-PACKAGES = (
-    "numpy",
-    "pillow",
-    "simplejpeg",
-    "isal",
-    "opencv-python",
-    "h5py",
-    "lmdb",
-    "psutil",
-    "torch",
-    "torchvision",
-    "paddlepaddle",
-    "paddleocr",
-)
 
 
 def machine() -> dict:
@@ -94,10 +79,9 @@ def machine() -> dict:
         (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")),
         platform.processor(),
     )
-    versions = {}
-    for name in PACKAGES:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[name] = importlib.metadata.version(name)
+    from bench.runner import package_versions
+
+    versions = package_versions()
 
     return {
         "cpu": model,
