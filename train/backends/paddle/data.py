@@ -21,6 +21,7 @@ from typing import Any
 import cv2
 import paddle
 
+from datasets.batch_buffers import BatchBuffers
 from datasets.batch_ring import BatchRing, RingBatches, RingCollate, RingTicket, ticket_of
 from datasets.handles import stop_signals_held
 from datasets.sampler import EpochBatchSampler, EpochSampler, WholeBatches
@@ -103,6 +104,7 @@ class PaddleLoader:
         self.place = place or paddle.CPUPlace()
         if ring is not None:  # the files go with the loader, or at exit at the latest
             self._unlink_ring = weakref.finalize(self, ring.unlink)
+            self._host_buffers = BatchBuffers()  # what the ring's slots are copied into
 
     @property
     def copies_per_batch(self) -> int:
@@ -156,13 +158,20 @@ class PaddleLoader:
         self.ring.start_generation()
         return self._from_ring(self._batches())
 
+    def _copied(self, view):
+        """A copy of a ring slot's field in an array of an earlier batch that nothing refers to
+        any more (datasets/batch_buffers.py): a fresh array would page-fault on every page."""
+        out = self._host_buffers.empty(view.shape, view.dtype)
+        out[...] = view
+        return out
+
     def _from_ring(self, tickets: Iterator) -> Iterator[dict[str, Any]]:
         try:
             on_host = isinstance(self.place, paddle.CPUPlace)
             for ticket in tickets:
                 views = self.ring.take(*ticket_of(ticket))
                 if on_host:  # numpy's copy out of the slot, then a Tensor over it (_as_tensor)
-                    batch = {key: _as_tensor(view.copy()) for key, view in views.items()}
+                    batch = {key: _as_tensor(self._copied(view)) for key, view in views.items()}
                 else:  # the copy out of the slot is the copy to the device
                     batch = {
                         key: paddle.to_tensor(view, place=self.place) for key, view in views.items()
