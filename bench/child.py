@@ -81,6 +81,25 @@ def cpu_seconds(me: psutil.Process) -> float:
     return total
 
 
+def minor_faults(me: psutil.Process) -> int:
+    """Minor page faults of this process, the workers it has reaped and its live loader
+    workers (/proc/PID/stat's minflt and cminflt; psutil has no field for them). A first touch
+    of a fresh page is one: 3.4 us each on the benchmark host, so they show where a pipeline
+    spends time the instruction counts (bench/instructions.py) cannot see."""
+
+    def counts(pid: int) -> list[int]:
+        with open(f"/proc/{pid}/stat") as stat:  # the fields after "(comm)": state is first
+            fields = stat.read().rpartition(")")[2].split()
+        return [int(fields[7]), int(fields[8])]
+
+    own, reaped = counts(me.pid)
+    total = own + reaped
+    for child in me.children(recursive=True):
+        with contextlib.suppress(OSError, psutil.Error):
+            total += counts(child.pid)[0]
+    return total
+
+
 def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
     """Iterate up to spec["batches"] batches (None = the whole epoch); time every wait."""
     step_s, limit = spec.get("step_s", 0.0), spec.get("batches")
@@ -92,7 +111,7 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
     start = time.perf_counter()
     iterator = pipeline.epoch(epoch)
     waits, stamps, nbytes, dtype, first = [], [], 0, "", None
-    warmup, cpu_at_warmup = spec.get("warmup", 2), None
+    warmup, cpu_at_warmup, faults_at_warmup = spec.get("warmup", 2), None, None
     while limit is None or len(stamps) < limit:
         before = time.perf_counter()
         try:
@@ -104,6 +123,7 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
         stamps.append(now)
         if len(stamps) == warmup + 1:  # the stamp the steady window starts at (summarize)
             cpu_at_warmup = cpu_seconds(memory.me)
+            faults_at_warmup = minor_faults(memory.me)
         if len(stamps) == 1:
             nbytes, dtype = batch_nbytes(batch), image_dtype(batch)
             first = handover.as_numpy(batch) if spec.get("handover", True) else None
@@ -115,9 +135,11 @@ def run_epoch(pipeline, epoch: int, spec: dict, memory: MemorySampler) -> dict:
             time.sleep(step_s)  # the simulated train step; the loader keeps working meanwhile
     # Read before the iterator goes: its workers' CPU time is still theirs (live children).
     cpu_in_window = None if cpu_at_warmup is None else cpu_seconds(memory.me) - cpu_at_warmup
+    faults = None if faults_at_warmup is None else minor_faults(memory.me) - faults_at_warmup
     del iterator  # a non-persistent loader shuts its workers down here
     return {
         "cpu_s": cpu_in_window,
+        "faults": faults,
         "start": start,
         "waits": waits,
         "stamps": stamps,
@@ -149,6 +171,7 @@ def summarize(epochs: list[dict], spec: dict) -> dict:
             # Includes the batches prefetched past the window's end, as it excludes those
             # prefetched before its start: a few batches either way, against tens in it.
             result["cpu_us_per_sample"] = round(last["cpu_s"] / (steady * batch_size) * 1e6, 1)
+            result["faults_per_batch"] = round(last["faults"] / steady, 1)
     return result
 
 

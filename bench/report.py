@@ -50,6 +50,33 @@ def throughput_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def cost_table(results: dict) -> str:
+    """Per arm and worker count: CPU time per sample (trainer and workers) and minor page faults
+    per batch in the steady window, medians of the trials (bench/child.py)."""
+    rows = []
+    for task, arm in ARMS:
+        detail = results.get(task, {}).get(arm, {}).get("detail", {})
+        cells = [
+            f"{_fmt(row.get('cpu_us_per_sample'))} / {_fmt(row.get('faults_per_batch'), 0)}"
+            for _, row in sorted(detail.items(), key=lambda item: int(item[0]))
+        ]
+        if cells:
+            rows.append(f"| {task}.{arm} | " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    workers = sorted(
+        {w for task, arm in ARMS for w in results.get(task, {}).get(arm, {}).get("detail", {})},
+        key=int,
+    )
+    header = [
+        "| CPU us per sample / page faults per batch | "
+        + " | ".join(f"workers={w}" for w in workers)
+        + " |",
+        "|---|" + "---:|" * len(workers),
+    ]
+    return "\n".join(header + rows)
+
+
 def handover_table(results: dict) -> str:
     """Per arm and worker count: copies of a batch after the stack, the worker's ms to stack and
     hand over one batch, and that time's share of a worker's time per batch (bench/handover.py)."""
@@ -94,9 +121,9 @@ def knob_table(rows: list[dict]) -> str:
 
 def markdown(results: dict) -> str:
     parts = [f"# Loader benchmark: {results.get('name')}", "", throughput_table(results)]
-    handovers = handover_table(results)
-    if handovers:
-        parts += ["", handovers]
+    for table in (cost_table(results), handover_table(results)):
+        if table:
+            parts += ["", table]
     if results.get("ipc"):
         parts += ["", "| IPC bytes per batch | ours | peer | ratio |", "|---|---:|---:|---:|"]
         for task, row in results["ipc"].items():

@@ -156,6 +156,7 @@ def aggregate(trials: list[dict]) -> dict:
     for key in (
         "samples_per_s",
         "cpu_us_per_sample",
+        "faults_per_batch",
         "wait_fraction",
         "batch_bytes",
         "peak_worker_rss_mb",

@@ -45,6 +45,7 @@ def _check_arm(row: dict, workers: list[str], copies: int | None = None) -> None
         assert detail["trials_ok"] == detail["trials"] >= 1
         # CPU time is counted in clock ticks: a tiny window may read 0, never less.
         assert detail["cpu_us_per_sample"] >= 0
+        assert detail["faults_per_batch"] >= 0  # minor page faults, counted from /proc
         assert len(row["rounds"][w]) == detail["trials"] and all(row["rounds"][w])
         for key in ("batch_bytes", "peak_worker_uss_mb", "shm_peak_delta_bytes", "first_batch_s"):
             assert key in detail
@@ -140,6 +141,25 @@ def test_ocr_layers_prints_every_layer():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("decode", "+", "get"))]
     assert len(rows) == 7 and all(float(row.split()[-1]) > 0 for row in rows)
+
+
+def test_page_faults_counts_the_faults_that_reused_batches_avoid():
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.page_faults", "--batch", "8", "--reps", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    faults = {
+        line.split(",")[1].split(":")[0].strip(): int(line.split()[-3])
+        for line in proc.stdout.splitlines()
+        if line.startswith("fill a batch")
+    }
+    # 8 OCR lines are 90 pages: each faults once in new memory, none in a reused array (a
+    # stray fault of the interpreter's own allocations aside).
+    assert faults["newly mapped"] >= 90 and faults["reused"] <= 2, proc.stdout
 
 
 def _instructions(tmp_path: Path, task: str) -> dict:
