@@ -3,14 +3,15 @@ batch's bytes after the samples are stacked, and the time a worker spends stacki
 over one batch, measured on a real batch of the trial with the same calls the arm's worker makes.
 
 Kinds (``Pipeline.handover``):
-- ``ring``: our Paddle loader (datasets/batch_ring.py): samples stacked straight into a slot
-  that stays mapped; the trainer copies the slot into its tensor: 1 copy.
+- ``ring``: our loaders, Paddle and torch (datasets/batch_ring.py): samples stacked straight
+  into a slot that stays mapped; the trainer copies the slot into its tensor: 1 copy.
 - ``paddle_shm``: Paddle's own hand-over (worker.py): stack, a LoDTensor (copy 1), pickled by
   the queue into a new /dev/shm file (copy 2), which the trainer maps: 2 copies.
 - ``paddle_pipe``: use_shared_memory off: stack, pickled into the pipe and read back (2), made a
   tensor (3).
-- ``torch_shm``: our torch loader: stack, torch.from_numpy (no copy), the queue moves the
-  storage into a new /dev/shm file (copy 1), which the trainer maps: 1 copy.
+- ``torch_shm``: our torch loader with ``loader.batch_ring: false``: stack, torch.from_numpy (no
+  copy), the queue moves the storage into a new /dev/shm file (copy 1, into freshly mapped
+  pages), which the trainer maps: 1 copy.
 - ``torch_shared_collate``: torch's default_collate in a worker stacks straight into a new
   /dev/shm file: 0 copies after the stack, but into freshly mapped pages.
 Without workers nothing is handed over: a Paddle batch is made a tensor (1 copy), a torch batch

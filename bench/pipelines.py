@@ -87,13 +87,22 @@ def _torch_ours(spec: dict, decode_only: bool = False) -> Pipeline:
     # Positions past the end wrap around (RecordDataset reads position % len).
     sampler = EpochSampler(epoch_length(spec, len(dataset)), shuffle=True, seed=0)
     knobs = LoaderKnobs(batch_size=spec["batch_size"], **_loader_knobs(spec))
-    loader = make_loader(dataset, sampler, knobs, pin_memory=spec.get("pin", False))
+    loader = make_loader(
+        dataset,
+        sampler,
+        knobs,
+        pin_memory=spec.get("pin", False),
+        batch_ring=spec.get("ring", True),
+    )
 
     def epoch(e: int) -> Iterator:
         sampler.set_epoch(e)
         return iter(loader)
 
-    return Pipeline(epoch, dataset.close, "torch_shm" if knobs.num_workers else None)
+    handover = None
+    if knobs.num_workers:
+        handover = "ring" if spec.get("ring", True) else "torch_shm"
+    return Pipeline(epoch, dataset.close, handover)
 
 
 def _torchvision_ref(spec: dict) -> Pipeline:

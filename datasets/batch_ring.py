@@ -3,10 +3,11 @@ worker to the trainer, framework-free.
 
 Paddle 2.6's own hand-over copies each collated batch twice in the worker, into a LoDTensor and
 then into a new /dev/shm file as its queue pickles it, both into freshly mapped pages (page-fault
-speed, 0.4-0.7 GB/s; docs/benchmarks.md). Here a worker stacks its samples straight into a slot
-file that stays mapped for the loader's life, and sends the trainer only the slot's number; the
-trainer copies the slot into its own tensor (that copy is the hand-over's one copy) and frees
-the slot.
+speed, 0.4-0.7 GB/s; docs/benchmarks.md); torch's moves each batch into a new /dev/shm file,
+faulted in page by page. Here a worker stacks its samples straight into a slot file that stays
+mapped for the loader's life, and sends the trainer only the slot's number; the trainer copies
+the slot into its own tensor (that copy is the hand-over's one copy) and frees the slot. Both
+backends use it (train/backends/paddle/data.py, train/backends/torch/data.py).
 
 - The trainer creates the ring (:meth:`BatchRing.create`); workers attach by path (it pickles
   as paths only, like :class:`datasets.shared_block.SharedBlock`).

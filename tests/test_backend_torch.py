@@ -32,6 +32,7 @@ from tests.backends import (  # noqa: E402
     open_dataset,
     start,
 )
+from train.backends.torch.data import RingLoader  # noqa: E402
 from train.checkpoint import UnsafeCheckpointError  # noqa: E402
 from train.cpus import usable_cores  # noqa: E402
 
@@ -123,11 +124,17 @@ def test_loader_honours_every_knob(ocr_lmdb):
     # Main-process threads leave one core per worker (at least one thread).
     assert torch.get_num_threads() == max(1, usable_cores() - 2)
     train = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, 2, True)
-    assert (train.batch_size, train.drop_last) == (16, True)
-    assert (train.num_workers, train.prefetch_factor, train.persistent_workers) == (2, 3, True)
-    assert train.timeout == 30.0
-    assert train.multiprocessing_context.get_start_method() == "forkserver"
+    # Workers hand batches over through the ring (loader.batch_ring): its slots are the
+    # batches in flight, prefetch_factor per worker and 2 held by the trainer.
+    assert isinstance(train, RingLoader) and train.ring.slots == 3 * 2 + 2
+    loader, batches = train.loader, train.loader.batch_sampler.batches
+    assert (batches.batch_size, batches.drop_last) == (16, True)
+    assert (loader.num_workers, loader.prefetch_factor, loader.persistent_workers) == (2, 3, True)
+    assert loader.timeout == 30.0
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
     assert train.pin_memory is False  # no GPU: page-locking buys nothing
+    assert loader.pin_memory is False  # the loader carries slot numbers; RingLoader pins
+    assert len(train) == 96 // 16
 
     sampler = EpochSampler(len(dataset), shuffle=False)
     evaluation = backend.make_loader(dataset, sampler, config.loader, 0, False)

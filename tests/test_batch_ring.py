@@ -1,7 +1,9 @@
 """The batch ring (datasets/batch_ring.py): a worker's batch reaches the trainer through one slot
-written once, a worker waits for its slot and lets go when the epoch is ended, Paddle's loader
-through the ring gives the same batches as Paddle's own hand-over with one copy instead of two,
-and a trainer killed with -9 leaves ring files that the start-up sweep removes."""
+written once, a worker waits for its slot and lets go when the epoch is ended, Paddle's and
+torch's loaders through the ring give the same batches as the framework's own hand-over (Paddle:
+one copy instead of two; torch: no /dev/shm file faulted in per batch), with persistent workers
+too, and a trainer killed with -9 leaves ring files that the start-up sweep removes (both
+frameworks)."""
 
 from __future__ import annotations
 
@@ -149,7 +151,49 @@ def test_paddle_loader_through_the_ring_matches_paddles_own_handover(ocr_lmdb):
             np.testing.assert_array_equal(ours[key], theirs[key])
 
 
-_KILLED_TRAINER = """
+@pytest.mark.torch
+@pytest.mark.parametrize("persistent", [False, True])
+def test_torch_loader_through_the_ring_matches_torchs_own_handover(image_h5, persistent):
+    from datasets.dataset import build_image_dataset
+    from datasets.sampler import EpochSampler
+    from train.backends.common import LoaderKnobs
+    from train.backends.torch.data import RingLoader, make_loader
+
+    dataset = build_image_dataset(image_h5, train=True)
+    knobs = LoaderKnobs(batch_size=4, num_workers=2, timeout_s=60, persistent_workers=persistent)
+    epochs = {}
+    for ring in (True, False):
+        sampler = EpochSampler(len(dataset), seed=3)
+        loader = make_loader(dataset, sampler, knobs, batch_ring=ring)
+        assert isinstance(loader, RingLoader) == ring
+        batches = []
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for i, batch in enumerate(loader):
+                batches.append({key: value.numpy().copy() for key, value in batch.items()})
+                if epoch == 0 and i == 1:
+                    break  # an epoch abandoned mid-way (max_steps) ends cleanly
+        if ring:
+            assert loader.copies_per_batch == 1
+            slots = 2 * 2 + 2
+            if persistent:  # the workers keep their slots mapped, so the files keep their pages
+                assert loader.ring.bytes_on_disk() > slots * 4 * 224 * 224 * 3
+            else:
+                assert loader.ring.bytes_on_disk() == slots * 4096 + 16  # shrunk after
+            paths = loader.ring.paths()
+            del loader
+            assert not any(os.path.exists(p) for p in paths)  # unlinked with the loader
+        epochs[ring] = batches
+    dataset.close()
+    assert len(epochs[True]) == len(epochs[False]) == 2 + 2 * (24 // 4)
+    for ours, theirs in zip(epochs[True], epochs[False]):
+        assert ours.keys() == theirs.keys() == {"image", "label"}
+        for key in ours:
+            np.testing.assert_array_equal(ours[key], theirs[key])
+
+
+_KILLED_TRAINER = {
+    "paddle": """
 import sys, time
 import train.backends.paddle
 from datasets.dataset import build_ocr_dataset
@@ -157,25 +201,44 @@ from datasets.ocr_transforms import CharDict
 from datasets.sampler import EpochSampler
 from train.backends.common import LoaderKnobs
 from train.backends.paddle.data import make_loader
-lmdb = sys.argv[1]
-dataset = build_ocr_dataset(lmdb, CharDict.from_file(sys.argv[2]), train=True, augment=False)
+dataset = build_ocr_dataset(sys.argv[1], CharDict.from_file(sys.argv[2]), train=True, augment=False)
 loader = make_loader(dataset, EpochSampler(len(dataset)), LoaderKnobs(batch_size=8, num_workers=1))
 for batch in loader:
     print(loader.ring.base, flush=True)
     time.sleep(600)
-"""
+""",
+    "torch": """
+import sys, time
+from datasets.dataset import build_image_dataset
+from datasets.sampler import EpochSampler
+from train.backends.common import LoaderKnobs
+from train.backends.torch.data import make_loader
+dataset = build_image_dataset(sys.argv[1], train=True)
+loader = make_loader(dataset, EpochSampler(len(dataset)), LoaderKnobs(batch_size=8, num_workers=1))
+for batch in loader:
+    print(loader.ring.base, flush=True)
+    time.sleep(600)
+""",
+}
 
 
-@pytest.mark.paddle
-def test_the_rings_of_a_trainer_killed_with_sigkill_are_swept_at_start(ocr_lmdb, tmp_path):
+@pytest.mark.parametrize(
+    "framework",
+    [
+        pytest.param("paddle", marks=pytest.mark.paddle),
+        pytest.param("torch", marks=pytest.mark.torch),
+    ],
+)
+def test_the_rings_of_a_trainer_killed_with_sigkill_are_swept_at_start(
+    framework, ocr_lmdb, image_h5, tmp_path
+):
+    data = (
+        [str(ocr_lmdb), str(ocr_lmdb.parent / "charset.txt")]
+        if framework == "paddle"
+        else [str(image_h5)]
+    )
     trainer = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            _KILLED_TRAINER,
-            str(ocr_lmdb),
-            str(ocr_lmdb.parent / "charset.txt"),
-        ],
+        [sys.executable, "-c", _KILLED_TRAINER[framework], *data],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -194,6 +257,7 @@ def test_the_rings_of_a_trainer_killed_with_sigkill_are_swept_at_start(ocr_lmdb,
         if left:
             break
         time.sleep(0.2)
-    assert len(left) == 1 + (2 * 1 + 2) and sum(os.path.getsize(p) for p in left) > 8 * 48 * 320 * 3
+    batch_bytes = 8 * 48 * 320 * 3 if framework == "paddle" else 8 * 224 * 224 * 3
+    assert len(left) == 1 + (2 * 1 + 2) and sum(os.path.getsize(p) for p in left) > batch_bytes
     preflight.remove_stale_batches()
     assert not [p for p in os.listdir(preflight.SHM_PATH) if p.startswith(os.path.basename(base))]

@@ -162,6 +162,24 @@ def test_page_faults_counts_the_faults_that_reused_batches_avoid():
     assert faults["newly mapped"] >= 90 and faults["reused"] <= 2, proc.stdout
 
 
+@pytest.mark.torch
+def test_torch_ring_compares_the_two_handovers_of_our_torch_loader():
+    command = [sys.executable, "-m", "bench.torch_ring", "--images", "16", "--reps", "1"]
+    command += ["--workers", "1", "--batches", "16", "--warmup", "8"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    faults = {
+        line.split()[1].rstrip(":"): float(line.split(",")[2].split()[0])
+        for line in proc.stdout.splitlines()
+        if "faults/batch" in line
+    }
+    # A batch of 32 224x224x3 images is 1,176 pages: torch's own hand-over faults each into a
+    # new /dev/shm file; the ring's 4 slots and the trainer's reused arrays are faulted in during
+    # the 8 warm-up batches and stay mapped.
+    assert faults["torch"] > 1000 and faults["ring"] < 200, proc.stdout
+    assert "errors" not in proc.stdout and "ring / torch" in proc.stdout, proc.stdout
+
+
 def _instructions(tmp_path: Path, task: str) -> dict:
     if shutil.which("valgrind") is None:
         pytest.skip("valgrind is not installed (apt-get install valgrind)")

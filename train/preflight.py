@@ -12,8 +12,8 @@ shm.policy "fail" stops with the fix; "adapt" lowers prefetch_factor, then num_w
 Paddle finally turns use_shared_memory off (pipes: slower, but no shm), with a loud warning that
 states the expected slowdown.
 
-Our Paddle loader's batch ring (datasets/batch_ring.py) has exactly the batches in flight of this
-plan as slots (prefetch_factor x num_workers + 2), so the plan counts it as it is.
+Our loaders' batch ring (datasets/batch_ring.py, Paddle and torch) has exactly the batches in
+flight of this plan as slots (prefetch_factor x num_workers + 2), so the plan counts it as it is.
 
 Before sizing, the trainer deletes the batch files that dead Paddle processes left in /dev/shm
 (:func:`remove_stale_batches`), Paddle's own and our rings', which would otherwise fill it a
@@ -119,7 +119,7 @@ def shm_free_bytes(path: str = SHM_PATH) -> int:
 # the tmpfs goes, which on a host is never and in a Kubernetes pod outlives container restarts.
 # This host had 224 of them (315 MiB) after a day of test and benchmark runs.
 _PADDLE_BATCH_FILE = re.compile(r"paddle_(\d+)_\d+_\d+")
-# Our Paddle loader's batch ring (datasets/batch_ring.py): the files of one trainer process,
+# Our loaders' batch ring (datasets/batch_ring.py): the files of one trainer process,
 # used only by it and its workers (which die with it), so stale as soon as that process is gone.
 _RING_FILE = re.compile(re.escape(RING_PREFIX) + r"(\d+)_[0-9a-f]+_(?:\d+|ctl)")
 STALE_AFTER_S = 600.0  # a live batch is taken within seconds; this leaves a wide margin

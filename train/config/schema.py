@@ -85,8 +85,9 @@ class LoaderConfig:
     # false: a plain copy per batch on the compute stream (Paddle's loader always stages ahead)
     device_prefetch: bool = True
     use_shared_memory: bool = True  # paddle: workers hand batches over through /dev/shm
-    # paddle, with use_shared_memory: workers write each batch once into a /dev/shm ring the
-    # trainer owns; false: Paddle's own hand-over (two copies per batch in the worker)
+    # with workers (paddle: and use_shared_memory), workers write each batch once into a
+    # /dev/shm ring the trainer owns; false: the framework's own hand-over (Paddle: two copies
+    # per batch in the worker; torch: a new /dev/shm file per batch, faulted in page by page)
     batch_ring: bool = True
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None  # None: default
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever

@@ -141,6 +141,7 @@ class TorchBackend(Backend):
             common.LoaderKnobs.of(loader_config, num_workers, train),
             pin_memory=loader_config.pin_memory and self.device.type == "cuda",
             seed=self.seed,
+            batch_ring=loader_config.batch_ring,
         )
         loader.device_prefetch = loader_config.device_prefetch  # read by device_batches
         return loader
