@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from datasets.hdf5_images import SCHEMA_VERSION as HDF5_SCHEMA_VERSION
 from datasets.hdf5_images import Hdf5ImageWriter
 from datasets.lmdb_ocr import LmdbOcrWriter
 from datasets.synthetic import LATIN, find_font, imagenet_samples, ocr_samples, write_all
@@ -37,6 +38,7 @@ def image_data(num: int, seed: int = 0) -> dict[str, str]:
     """{"hdf5": path, "folder": ImageFolder root} holding the same ``num`` JPEGs."""
     folder = DATA_DIR / f"imagenet-{num}-s{seed}"
     spec = {"kind": "imagenet", "num": num, "seed": seed, "classes": IMAGE_CLASSES}
+    spec["hdf5_schema"] = HDF5_SCHEMA_VERSION  # a file of an older layout is written again
     paths = {"hdf5": str(folder / "train.h5"), "folder": str(folder / "jpeg")}
     if _fresh(folder, spec):
         return paths

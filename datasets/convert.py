@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from datasets.errors import DatasetError
-from datasets.hdf5_images import Hdf5ImageWriter
+from datasets.hdf5_images import Hdf5ImageSource, Hdf5ImageWriter, open_hdf5_readonly
 from datasets.image_folder import ImageFolderSource
 from datasets.lmdb_ocr import LmdbOcrWriter
 from datasets.synthetic import write_all
@@ -96,3 +96,36 @@ def image_folder_to_hdf5(
             yield data, label, source.key(index)
 
     return write_all(writer, samples(), progress), writer.count
+
+
+def upgrade_hdf5(
+    src_file: str | Path,
+    out_file: str | Path,
+    overwrite: bool = False,
+    progress: Callable | None = None,
+) -> tuple[Path, int]:
+    """Rewrite a ResNet-50 HDF5 file of an older schema (or any readable one) in the current
+    layout, records, labels, keys and class names unchanged (datasets/hdf5_images.py)."""
+    src_file, out_file = Path(src_file), Path(out_file)
+    if src_file.resolve() == out_file.resolve():
+        raise DatasetError(
+            f"--src and --out are the same file ({src_file})",
+            "write to a new file, then replace the old one with it",
+        )
+    source = Hdf5ImageSource(src_file)
+    with open_hdf5_readonly(str(src_file)) as f:
+        if "keys" in f:
+            keys = [k.decode() if isinstance(k, bytes) else str(k) for k in f["keys"][:]]
+        else:  # keys are optional (reports only): name each record as the reader does
+            keys = [source.key(i) for i in range(len(source))]
+    writer = Hdf5ImageWriter(out_file, source.class_names, overwrite=overwrite)
+
+    def samples() -> Iterator[tuple[bytes, int, str]]:
+        for index in range(len(source)):
+            data, label = source.read(index)
+            yield data, label, keys[index]
+
+    try:
+        return write_all(writer, samples(), progress), writer.count
+    finally:
+        source.close()

@@ -4,6 +4,7 @@ r"""Convert existing datasets into the project's formats (atomic; never overwrit
   python scripts/convert.py paddleocr-labels --labels train_list.txt --data-dir images/ \
       --out data/my_ocr/train
   python scripts/convert.py image-folder --root imagenet/train --out data/imagenet/train.h5
+  python scripts/convert.py hdf5-upgrade --src old/train.h5 --out data/imagenet/train.h5
 
 Image bytes are copied as they are, never re-encoded.
 """
@@ -32,7 +33,12 @@ def main() -> int:
     folder = sub.add_parser("image-folder", help="root/<class>/<image> -> ResNet-50 HDF5")
     folder.add_argument("--root", required=True)
     folder.add_argument("--out", required=True, help="output .h5 file")
-    for p in (labels, folder):
+    upgrade = sub.add_parser(
+        "hdf5-upgrade", help="ResNet-50 HDF5 of an older schema -> the current one (faster reads)"
+    )
+    upgrade.add_argument("--src", required=True, help="the .h5 file to rewrite")
+    upgrade.add_argument("--out", required=True, help="output .h5 file (not --src itself)")
+    for p in (labels, folder, upgrade):
         p.add_argument("--overwrite", action="store_true", help="replace existing output")
     args = parser.parse_args()
 
@@ -49,6 +55,10 @@ def main() -> int:
         for problem in problems:
             print(f"skipped: {problem}")
         print(f"wrote {count} samples to {path}; skipped {len(problems)}")
+    elif args.kind == "hdf5-upgrade":
+        with tqdm(desc="upgrade") as bar:
+            path, count = convert.upgrade_hdf5(args.src, args.out, args.overwrite, bar.update)
+        print(f"wrote {count} images to {path}")
     else:
         with tqdm(desc="convert") as bar:
             path, count = convert.image_folder_to_hdf5(

@@ -40,7 +40,7 @@ def test_hdf5_images_and_labels_of_different_lengths(tmp_path):
     with h5py.File(path, "r+") as f:
         del f["labels"]
         f.create_dataset("labels", data=np.zeros(3, dtype=np.int64))
-    with pytest.raises(DatasetError, match=r"'images'/'labels': 4 images but 3 labels"):
+    with pytest.raises(DatasetError, match=r"'offsets'/'labels': 4 images but 3 labels"):
         Hdf5ImageSource(path)
 
 
