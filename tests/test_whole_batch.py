@@ -113,7 +113,9 @@ def _loader_parts(framework: str):
         return make_loader, lambda loader: loader.loader, lambda tensor: tensor.numpy()
     from train.backends.torch.data import make_loader
 
-    return make_loader, lambda loader: loader, lambda tensor: tensor.numpy()
+    # With workers make_loader gives a RingLoader (the batch ring, on by default), whose .loader
+    # is the DataLoader; at 0 workers the DataLoader itself.
+    return make_loader, lambda loader: getattr(loader, "loader", loader), lambda t: t.numpy()
 
 
 @pytest.mark.parametrize("framework", ["paddle", "torch"])
