@@ -311,7 +311,11 @@ class OcrTransform:
 
 
 class ImageClassTransform:
-    """(image bytes, class) -> {"image": uint8 HxWx3 RGB, "label": int64}."""
+    """(image bytes, class) -> {"image": uint8 HxWx3 RGB, "label": int64}. Given ``out`` (rows
+    of a batch, RecordDataset.get_batch), the crop is resized (and flipped) straight into the
+    batch's row: no per-sample image and no copy into the batch."""
+
+    fills_rows = True
 
     def __init__(
         self,
@@ -327,16 +331,22 @@ class ImageClassTransform:
         self.size = size
         self.eval_resize = eval_resize
 
-    def __call__(self, data: bytes, label, rng: np.random.Generator) -> Sample:
+    def __call__(
+        self, data: bytes, label, rng: np.random.Generator, out: Sample | None = None
+    ) -> Sample:
         if not 0 <= int(label) < self.num_classes:
             raise BadSampleError("bad_label", f"class {label} outside 0..{self.num_classes - 1}")
+        rows = None if out is None else out["image"]
         if self.train:
-            image = image_transforms.train_transform(data, rng, self.size, self.max_pixels)
+            image = image_transforms.train_transform(data, rng, self.size, self.max_pixels, rows)
         else:
             image = image_transforms.eval_transform(
-                data, self.size, self.eval_resize, self.max_pixels
+                data, self.size, self.eval_resize, self.max_pixels, rows
             )
-        return {"image": image, "label": np.int64(label)}
+        if out is None:
+            return {"image": image, "label": np.int64(label)}
+        out["label"][...] = label
+        return out
 
 
 class SamplePolicy(TypedDict, total=False):

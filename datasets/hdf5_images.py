@@ -133,7 +133,9 @@ def _checked_offsets(path: Path, f: h5py.File) -> tuple[np.ndarray, int | None]:
 class Hdf5ImageSource:
     """Random access to (encoded image bytes, int label) records of one HDF5 file."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, pread: bool = True) -> None:
+        """``pread=False`` reads schema-2 records through h5py even where the file allows one
+        pread a record (bench.hdf5_reads compares the two)."""
         self.path = Path(path)
         if not self.path.is_file():
             raise DatasetError(f"HDF5 dataset not found: {self.path}", WRITER_HINT)
@@ -153,6 +155,7 @@ class Hdf5ImageSource:
                 self.labels = _checked_labels(self.path, f, len(images), "'images'")
             else:
                 self.offsets, self._file_offset = _checked_offsets(self.path, f)
+                self._file_offset = self._file_offset if pread else None
                 self.labels = _checked_labels(self.path, f, len(self.offsets) - 1, "'offsets'")
         if self._file_offset is not None:
             self._handle = ProcessLocalHandle(str(self.path), _open_fd, os.close)

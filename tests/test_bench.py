@@ -143,6 +143,26 @@ def test_ocr_layers_prints_every_layer():
     assert len(rows) == 7 and all(float(row.split()[-1]) > 0 for row in rows)
 
 
+def test_hdf5_reads_times_every_layout_alone_and_before_the_transform():
+    command = [sys.executable, "-m", "bench.hdf5_reads", "--images", "16", "--passes", "2"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {
+        line.rsplit(None, 2)[0]: float(line.split()[-2])
+        for line in proc.stdout.splitlines()
+        if line.startswith(("v1", "v2", "transform"))
+    }
+    expected = {"transform alone (bytes in memory)"} | {
+        f"{layout}: {what}"
+        for layout in ("v2 pread", "v2 h5py", "v1 row")
+        for what in ("read alone", "read + transform")
+    }
+    assert set(rows) == expected and all(value > 0 for value in rows.values()), proc.stdout
+    # A record read and transformed costs more than its transform alone, in every layout.
+    for layout in ("v2 pread", "v2 h5py", "v1 row"):
+        assert rows[f"{layout}: read + transform"] > rows[f"{layout}: read alone"], proc.stdout
+
+
 def test_page_faults_counts_the_faults_that_reused_batches_avoid():
     proc = subprocess.run(
         [sys.executable, "-m", "bench.page_faults", "--batch", "8", "--reps", "3"],

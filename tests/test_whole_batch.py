@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from datasets import image_transforms
 from datasets.dataset import RecordDataset, build_image_dataset, build_ocr_dataset
 from datasets.ocr_transforms import CharDict
 from datasets.sampler import EpochBatchSampler, EpochSampler, WholeBatch, WholeBatches
@@ -51,8 +52,37 @@ def test_a_whole_ocr_batch_is_its_stacked_samples_with_bad_records_substituted(
     assert sum(whole.bad_log.epoch_counts().values()) > 0
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_a_whole_image_batch_is_its_stacked_samples(image_h5, tmp_path, train, monkeypatch):
+    """ResNet-50 crops are resized (and, half the time, flipped in place) straight into their
+    batch rows: the same pixels as each sample on its own, stacked."""
+    dataset = build_image_dataset(image_h5, train=train, state_dir=tmp_path)
+    assert dataset.transform.fills_rows
+    items = [(3, i) for i in (4, 1, 7, 1, *range(8, 20))]
+    expected = stack_samples([dataset[i] for i in items])
+    flips = []
+    real_flip = image_transforms.cv2.flip
+    monkeypatch.setattr(
+        image_transforms.cv2, "flip", lambda *a, **k: flips.append(1) or real_flip(*a, **k)
+    )
+    _assert_same(dataset.get_batch(items), expected)
+    # Train flips some rows in place and not others (both ways checked above); eval never.
+    assert 0 < len(flips) < len(items) if train else not flips
+
+
+class _WithoutRows:
+    """A transform that only returns new samples (no ``fills_rows``), as users may write."""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __call__(self, data, label, rng):
+        return self.transform(data, label, rng)
+
+
 def test_a_transform_without_rows_is_copied_into_the_batch(image_h5, tmp_path):
-    dataset = build_image_dataset(image_h5, train=True, state_dir=tmp_path)
+    rows = build_image_dataset(image_h5, train=True, state_dir=tmp_path / "rows")
+    dataset = RecordDataset(rows.source, _WithoutRows(rows.transform))
     assert not getattr(dataset.transform, "fills_rows", False)
     items = [(0, i) for i in (4, 1, 7, 1)]
     _assert_same(dataset.get_batch(items), stack_samples([dataset[i] for i in items]))
