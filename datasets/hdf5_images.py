@@ -21,6 +21,7 @@ JPEG bytes do not compress.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -36,6 +37,7 @@ READ_VERSIONS = (1, 2)
 ROWS_PER_FLUSH = 512  # labels, keys and offsets are appended in blocks of this many records
 CHUNK_ROWS = 4096  # of those three datasets (they grow while writing, so they are chunked)
 COPY_BLOCK_BYTES = 64 << 20  # finish() moves the spooled image bytes into the file in blocks
+log = logging.getLogger(__name__)
 WRITER_HINT = "write one with scripts/make_synthetic.py imagenet or scripts/convert.py image-folder"
 
 
@@ -153,6 +155,13 @@ class Hdf5ImageSource:
                         self.path, "'images'", f"dtype {images.dtype}, not variable-length uint8"
                     )
                 self.labels = _checked_labels(self.path, f, len(images), "'images'")
+                log.warning(
+                    "%s is schema 1 (one variable-length row per image): it reads, but about 12%% "
+                    "slower a ResNet-50 sample than schema 2; scripts/convert.py hdf5-upgrade "
+                    "--src %s --out NEW.h5 rewrites it",
+                    self.path,
+                    self.path,
+                )
             else:
                 self.offsets, self._file_offset = _checked_offsets(self.path, f)
                 self._file_offset = self._file_offset if pread else None
@@ -236,7 +245,9 @@ class Hdf5ImageWriter:
 
     The contiguous ``image_bytes`` cannot grow, so the bytes go to the spool file as records
     arrive and into the HDF5 file once their total is known (finish); labels, keys and offsets
-    are appended to the HDF5 file every ROWS_PER_FLUSH records, so memory stays bounded."""
+    are appended to the HDF5 file every ROWS_PER_FLUSH records, so memory stays bounded. Until
+    finish the output's folder holds the image bytes twice (spool and file): twice the
+    dataset's size must be free there."""
 
     def __init__(self, out_file: str | Path, class_names: list[str], overwrite: bool = False):
         self.out_file = Path(out_file)

@@ -43,7 +43,7 @@ def _records(n, rng):
     return [(encode_image(imagenet_like(i % 2, rng), "jpeg"), i % 2, f"i{i}.jpg") for i in range(n)]
 
 
-def test_hdf5_schema_1_files_still_read(tmp_path, rng):
+def test_hdf5_schema_1_files_still_read(tmp_path, rng, caplog):
     """The layout before schema 2 (one variable-length row per image) reads as it did."""
     records = _records(5, rng)
     path = tmp_path / "v1.h5"
@@ -57,6 +57,7 @@ def test_hdf5_schema_1_files_still_read(tmp_path, rng):
         f["keys"] = [r[2] for r in records]
     source = Hdf5ImageSource(path)
     assert source.version == 1 and len(source) == 5
+    assert "is schema 1" in caplog.text and "hdf5-upgrade" in caplog.text  # the way to speed
     assert [source.read(i) for i in range(5)] == [(d, y) for d, y, _ in records]
     # scripts/convert.py hdf5-upgrade: the same records, labels and keys in schema 2.
     with pytest.raises(DatasetError, match="--src and --out are the same file"):
