@@ -11,9 +11,10 @@ the layout of each schema (datasets/hdf5_images.py), framework-free, on one core
 
 The benchmark's ImageNet-like file (bench/data.py) is the schema-2 one; the schema-1 copy of the
 same records is written into a temporary folder with h5py, as the schema-1 writer laid it out.
-Each pass reads every record once in a shuffled order; for each layout it times the reads alone,
-then each read followed by ``train_transform`` of the record (RandomResizedCrop + flip, the
-``resnet50.ours`` transform), and the transform alone on bytes read beforehand. CPU time
+Each pass reads every record once in a shuffled order; for each layout it times the reads
+alone, then each read followed by ``train_transform`` of the record (RandomResizedCrop + flip,
+the ``resnet50.ours`` transform), and the transform alone on bytes read beforehand (``--only``
+keeps some of these rows). CPU time
 (``time.process_time``) per record, the passes interleaved: median and minimum over them.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import tempfile
 import time
@@ -48,10 +50,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--passes", type=int, default=7)
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="time only this row (repeatable; 'none' times nothing): to run one row under "
+        "valgrind's callgrind, against a 'none' run for the set-up's instructions",
+    )
     args = parser.parse_args()
 
     from bench.data import image_data
     from datasets.hdf5_images import Hdf5ImageSource
+
+    # The schema-1 copy is made on purpose: its "reads slower, upgrade it" warning is noise here.
+    logging.getLogger("datasets.hdf5_images").setLevel(logging.ERROR)
     from datasets.image_transforms import train_transform
 
     path = Path(image_data(args.images)["hdf5"])
@@ -71,6 +82,11 @@ def main() -> None:
         for name, source in sources.items():
             rows[f"{name}: read alone"] = lambda i, s=source: s.read(i)
             rows[f"{name}: read + transform"] = lambda i, s=source: transform(s.read(i)[0], i)
+        if args.only:
+            unknown = set(args.only) - set(rows) - {"none"}
+            if unknown:
+                raise SystemExit(f"--only: no row {sorted(unknown)}; rows: {list(rows)}")
+            rows = {name: run for name, run in rows.items() if name in args.only}
         times: dict[str, list[float]] = {name: [] for name in rows}
         for number in range(args.passes):
             names = list(rows) if number % 2 == 0 else list(reversed(rows))
