@@ -10,12 +10,13 @@ Layout (schema version 2, what Hdf5ImageWriter writes):
 
 A contiguous dataset has one place in the file, so a record is one ``os.pread`` at that place
 plus its offset: no HDF5 call per sample. Schema version 1 kept each image as a row of a
-variable-length dataset; HDF5 reads such a row through its global heap, 53 us for a 95 KB
-ImageNet-like JPEG here, and the decode right after it ran about 140 us slower than after a
-plain file read (interleaved timings of the same records, docs/benchmarks.md): 14% of a
-ResNet-50 sample in all, where the pread costs 5-7 us. Version 1 files are still read, the slow
-way; ``scripts/convert.py hdf5-upgrade`` rewrites one as version 2. No compression either way:
-JPEG bytes do not compress.
+variable-length dataset; HDF5 reads such a row through its global heap (53-70 us and 0.85 M
+instructions for a 95 KB ImageNet-like JPEG here), and the decode right after it ran about 140
+us slower than after a plain file read, with the same instructions: a record read and
+transformed cost 1,361 us against 1,175 us through the pread (python -m bench.hdf5_reads;
+docs/benchmarks.md, "HDF5 reads"). Version 1 files are still read, the slow way, with a warning;
+``scripts/convert.py hdf5-upgrade`` rewrites one as version 2. No compression either way: JPEG
+bytes do not compress.
 """
 
 from __future__ import annotations
