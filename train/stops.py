@@ -88,6 +88,11 @@ class StopAwareBatches:
 
     def close(self) -> None:
         self._closed.set()
+        # The helper may be waiting in the loader's next() for a batch that never comes (a dead
+        # worker): a loader that can stop its epoch's workers from here does (torch's).
+        stop_workers = getattr(self.loader, "stop_epoch_workers", None)
+        if stop_workers is not None:
+            stop_workers()
 
 
 class HeldBatches:

@@ -75,12 +75,30 @@ class _EpochLoader(DataLoader):
     Other errors leave the workers as they are, for train.__main__'s report of what each was
     reading. Persistent workers belong to the loader and are left alone."""
 
+    _epoch_batches = None  # the torch iterator of the last epoch started (stop_epoch_workers)
+
     def __iter__(self):
         with stop_signals_held():  # workers start here: see datasets.handles
             batches = super().__iter__()
         if self.num_workers == 0 or self.persistent_workers:
             return batches
+        self._epoch_batches = weakref.ref(batches)
         return _stop_workers_on_interrupt(batches)
+
+    def stop_epoch_workers(self) -> None:
+        """Stop the workers of the epoch started last, from any thread, as its iterator's own
+        shutdown does (torch's _shutdown_workers: a message to each, a join of 5 s at most,
+        then SIGTERM). For a stop whose evaluation was interrupted while a helper thread waited
+        in the epoch's next() (train/stops.py, StopAwareBatches): that thread cannot close the
+        epoch's generator from outside, and if it never returns (a spawned worker that died as
+        it unpickled its start-up, with the batch it owed never coming), the workers that are
+        left wait for work forever and Python's exit waits on them (multiprocessing joins its
+        children at exit; their exit-time SIGTERM can arrive while they still hold the stop
+        signals, datasets.handles). Persistent workers belong to the loader: left alone."""
+        batches = self._epoch_batches() if self._epoch_batches is not None else None
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def _stop_workers_on_interrupt(batches) -> Iterator:
@@ -119,6 +137,10 @@ class RingLoader:
         self._host_buffers = BatchBuffers()
 
     copies_per_batch = 1  # the slot into the trainer's tensor (bench/handover.py)
+
+    def stop_epoch_workers(self) -> None:
+        """_EpochLoader.stop_epoch_workers of the DataLoader the ring's tickets come from."""
+        self.loader.stop_epoch_workers()
 
     @property
     def num_workers(self) -> int:
