@@ -228,13 +228,21 @@ def report_native_crashes() -> None:
 def main(argv: list[str] | None = None) -> int:
     report_native_crashes()
     args = parse_args(argv)
-    from train.stops import StopRequested
+    from train.stops import LEFTOVER_WORKER_GRACE_S, StopRequested, end_leftover_workers
 
     held = Held()
     try:
         return run(args, held)
     except StopRequested as exc:
         log.warning("%s; continue with --resume", exc)
+        killed = end_leftover_workers()
+        if killed:
+            log.warning(
+                "loader worker(s) %s still running %.0f s after the stop's checkpoint: killed "
+                "(the checkpoint is complete)",
+                ", ".join(map(str, killed)),
+                LEFTOVER_WORKER_GRACE_S,
+            )
         return 130 if exc.signal_name == "SIGINT" else 143
     except Exception as exc:
         # Torch's SIGCHLD handler raises for every further worker exit, and one that landed
