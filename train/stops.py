@@ -189,8 +189,10 @@ LEFTOVER_WORKER_GRACE_S = 10.0
 
 
 def end_leftover_workers(grace_s: float = LEFTOVER_WORKER_GRACE_S) -> list[int]:
-    """After a stop's checkpoint, before the interpreter exits: the trainer's worker processes
-    that are still running get ``grace_s`` to end, then SIGKILL; returns the pids killed.
+    """After a stop's checkpoint, before the interpreter exits: what Python's exit does to the
+    trainer's daemonic processes (the loaders' workers, in both frameworks), SIGTERM and a join,
+    but with the join bounded: those still running ``grace_s`` later get SIGKILL. Returns the
+    pids killed (normally none: persistent workers, for one, end at the SIGTERM).
 
     Python's exit joins every multiprocessing child without a time limit. A loader whose epoch
     was cut short while spawned workers started can leave a worker waiting for work that never
@@ -201,8 +203,10 @@ def end_leftover_workers(grace_s: float = LEFTOVER_WORKER_GRACE_S) -> list[int]:
     killing a worker loses nothing."""
     import multiprocessing
 
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    for child in children:
+        child.terminate()
     deadline = time.monotonic() + grace_s
-    children = multiprocessing.active_children()
     for child in children:
         child.join(max(0.0, deadline - time.monotonic()))
     killed = []
