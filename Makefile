@@ -8,7 +8,7 @@ PADDLE_PYTHON ?= $(or $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/ver
 PADDLE := .venv-paddle/bin/python
 TORCH := .venv-torch/bin/python
 PIP_FLAGS ?= --disable-pip-version-check --progress-bar off
-COMMON_REQS := requirements/common.txt requirements/remote.txt requirements/dev.txt requirements/constraints.txt
+RUNTIME_REQS := requirements/common.txt requirements/remote.txt requirements/constraints.txt
 
 OCR_DATA := data/synth_ocr
 # The smoke jobs start over each time; pass ARGS=--resume (or other train flags) to change that.
@@ -20,37 +20,44 @@ IMAGENET_DATA := data/synth_imagenet
 
 setup: .venv-paddle/.installed .venv-torch/.installed
 
-# A venv is rebuilt only when its requirement files change (the stamp is older than them).
-.venv-paddle/.installed: requirements/paddle.txt $(COMMON_REQS)
+# Two stamps a venv: .runtime (what the images install: the framework, common.txt, remote.txt),
+# which the training and data targets need, and .installed (requirements/dev.txt on top: linters,
+# the S3 test server, Compose, schema checkers), which the tests need. A stamp is rebuilt only
+# when its requirement files change (it is older than them).
+.venv-paddle/.runtime: requirements/paddle.txt $(RUNTIME_REQS)
 	$(PADDLE_PYTHON) -m venv .venv-paddle
 	$(PADDLE) -m pip install $(PIP_FLAGS) -q --upgrade pip
-	$(PADDLE) -m pip install $(PIP_FLAGS) -r requirements/paddle.txt -r requirements/remote.txt -r requirements/dev.txt -c requirements/constraints.txt
+	$(PADDLE) -m pip install $(PIP_FLAGS) -r requirements/paddle.txt -r requirements/remote.txt -c requirements/constraints.txt
 	touch $@
 
-.venv-torch/.installed: requirements/torch.txt $(COMMON_REQS)
+.venv-torch/.runtime: requirements/torch.txt $(RUNTIME_REQS)
 	$(PYTHON) -m venv .venv-torch
 	$(TORCH) -m pip install $(PIP_FLAGS) -q --upgrade pip
-	$(TORCH) -m pip install $(PIP_FLAGS) -r requirements/torch.txt -r requirements/remote.txt -r requirements/dev.txt -c requirements/constraints.txt
+	$(TORCH) -m pip install $(PIP_FLAGS) -r requirements/torch.txt -r requirements/remote.txt -c requirements/constraints.txt
 	touch $@
 
-$(OCR_DATA)/charset.txt: | .venv-paddle/.installed
+.venv-%/.installed: .venv-%/.runtime requirements/dev.txt
+	.venv-$*/bin/python -m pip install $(PIP_FLAGS) -r requirements/dev.txt -c requirements/constraints.txt
+	touch $@
+
+$(OCR_DATA)/charset.txt: | .venv-paddle/.runtime
 	# Digit lines of 3-6 characters: a tiny CRNN reads them after ~200 CPU steps (the smoke
 	# job's point is to show learning in minutes; --charset latin|full makes harder data).
 	$(PADDLE) scripts/make_synthetic.py ocr --out $(OCR_DATA) --num 4000 --charset digits --max-len 6 --seed 0 --overwrite
 
-$(IMAGENET_DATA)/train.h5: | .venv-torch/.installed
+$(IMAGENET_DATA)/train.h5: | .venv-torch/.runtime
 	$(TORCH) scripts/make_synthetic.py imagenet --out $@ --num 2000 --classes 10 --seed 0 --overwrite
 
-$(IMAGENET_DATA)/val.h5: | .venv-torch/.installed
+$(IMAGENET_DATA)/val.h5: | .venv-torch/.runtime
 	$(TORCH) scripts/make_synthetic.py imagenet --out $@ --num 400 --classes 10 --seed 1 --overwrite
 
 data: $(OCR_DATA)/charset.txt $(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5
 
 # The main job: OCR smoke training on PaddlePaddle, CPU.
-train-ocr: .venv-paddle/.installed $(OCR_DATA)/charset.txt
+train-ocr: .venv-paddle/.runtime $(OCR_DATA)/charset.txt
 	$(PADDLE) -m train --config configs/ocr/smoke.yaml $(ARGS)
 
-train-resnet50: .venv-torch/.installed $(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5
+train-resnet50: .venv-torch/.runtime $(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5
 	$(TORCH) -m train --config configs/resnet50/smoke.yaml $(ARGS)
 
 # Fine-tune PaddleOCR's released PP-OCRv4 recognizer on dot-matrix lines (docs/ppocrv4.md):
@@ -66,7 +73,7 @@ FINETUNE_CONFIG := configs/ocr/finetune_ppocrv4$(if $(filter torch,$(FINETUNE_FR
 FINETUNE_WEIGHTS := .cache/ppocrv4/ppocrv4_rec$(if $(filter torch,$(FINETUNE_FRAMEWORK)),.pt,.pdparams)
 FINETUNE_RUN := runs/ocr-$(FINETUNE_FRAMEWORK)-finetune_ppocrv4$(if $(filter torch,$(FINETUNE_FRAMEWORK)),_torch)
 
-$(PPOCRV4_FONT): | .venv-paddle/.installed
+$(PPOCRV4_FONT): | .venv-paddle/.runtime
 	$(PADDLE) scripts/fetch_ppocrv4.py
 
 $(PPOCRV4_DOTS)/charset.txt: | $(PPOCRV4_FONT)
@@ -75,7 +82,7 @@ $(PPOCRV4_DOTS)/charset.txt: | $(PPOCRV4_FONT)
 $(PPOCRV4_CLEAN)/charset.txt: | $(PPOCRV4_FONT)
 	$(PADDLE) scripts/make_synthetic.py ocr --out $(PPOCRV4_CLEAN) --num 400 --val-fraction 0.5 --charset full --font $(PPOCRV4_FONT) --seed 7 --overwrite --quiet
 
-finetune-ocr: .venv-$(FINETUNE_FRAMEWORK)/.installed $(PPOCRV4_DOTS)/charset.txt $(PPOCRV4_CLEAN)/charset.txt
+finetune-ocr: .venv-$(FINETUNE_FRAMEWORK)/.runtime $(PPOCRV4_DOTS)/charset.txt $(PPOCRV4_CLEAN)/charset.txt
 	$(FINETUNE_PY) scripts/convert_weights.py --quiet --dict-out $(PPOCRV4_DOTS)/ppocr_keys.txt
 	@echo "zero-shot (released weights):"
 	$(FINETUNE_PY) -m train.evaluate --config $(FINETUNE_CONFIG) --weights $(FINETUNE_WEIGHTS) --data $(PPOCRV4_DOTS)/val --data $(PPOCRV4_CLEAN)/val
@@ -83,7 +90,7 @@ finetune-ocr: .venv-$(FINETUNE_FRAMEWORK)/.installed $(PPOCRV4_DOTS)/charset.txt
 	@echo "fine-tuned (the run's last checkpoint):"
 	$(FINETUNE_PY) -m train.evaluate --checkpoint $$(ls -d $(FINETUNE_RUN)/checkpoints/step-* | tail -1) --data $(PPOCRV4_DOTS)/val --data $(PPOCRV4_CLEAN)/val
 
-doctor: .venv-paddle/.installed
+doctor: .venv-paddle/.runtime
 	$(PADDLE) -m train.doctor --config $(or $(CONFIG),configs/ocr/smoke.yaml)
 
 # Input-pipeline benchmark: each framework's part in its own env, merged into one report.
