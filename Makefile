@@ -114,17 +114,19 @@ format: .venv-torch/.installed
 
 # Framework-free tests run in both envs; framework tests in their own env. TEST_FRAMEWORK makes
 # a framework test that cannot import its framework fail instead of skipping.
+# Both halves run even when the first fails, so one run shows every failure. Each half prints its
+# 20 slowest tests and writes every test's time to .cache/test-reports/<half>.xml (JUnit XML).
+TEST_REPORTS := .cache/test-reports
 test: setup lint
-	$(MAKE) test-torch
-	$(MAKE) test-paddle
+	@status=0; $(MAKE) test-torch || status=1; $(MAKE) test-paddle || status=1; exit $$status
 
 test-torch: .venv-torch/.installed
 	@echo "test-torch: $$($(TORCH) --version) ($(TORCH))"
-	TEST_FRAMEWORK=torch $(TORCH) -m pytest -m "not paddle" $(PYTEST_ARGS)
+	TEST_FRAMEWORK=torch $(TORCH) -m pytest -m "not paddle" --durations=20 --junitxml=$(TEST_REPORTS)/torch.xml $(PYTEST_ARGS)
 
 test-paddle: .venv-paddle/.installed
 	@echo "test-paddle: $$($(PADDLE) --version) ($(PADDLE))"
-	TEST_FRAMEWORK=paddle $(PADDLE) -m pytest -m "not torch" $(PYTEST_ARGS)
+	TEST_FRAMEWORK=paddle $(PADDLE) -m pytest -m "not torch" --durations=20 --junitxml=$(TEST_REPORTS)/paddle.xml $(PYTEST_ARGS)
 
 # What CI does with containers: start a Docker Engine of its own, build both images on CPU
 # stand-ins of the GPU bases, and run the README's compose commands (needs root; installs
