@@ -95,11 +95,18 @@ def read_header(path: Path) -> int:
             missing = [key for key in last if txn.get(key.encode()) is None]
     finally:
         env.close()
-    if version is not None and int(version) > SCHEMA_VERSION:
-        raise DatasetError(
-            f"{path} has schema-version {int(version)}, this code reads up to {SCHEMA_VERSION}",
-            "update the project, or regenerate the dataset with this version's scripts",
-        )
+    if version is not None:
+        if not version.strip().isdigit():
+            raise DatasetError(
+                f"malformed OCR LMDB {path}: schema-version is {version[:20]!r}, not a number",
+                f"the file was written by another tool or damaged: convert it again; {WRITER_HINT}",
+            )
+        if int(version) > SCHEMA_VERSION:
+            raise DatasetError(
+                f"{path} has schema-version {int(version)}, this code reads up to "
+                f"{SCHEMA_VERSION}",
+                "update the project, or regenerate the dataset with this version's scripts",
+            )
     if count is None:
         raise DatasetError(
             f"not an OCR LMDB: key 'num-samples' missing in {path}",

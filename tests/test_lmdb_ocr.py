@@ -83,6 +83,17 @@ def test_newer_schema_version_is_refused(tmp_path):
         LmdbOcrSource(tmp_path / "x")
 
 
+@pytest.mark.parametrize("version", [b"v2", b"", b"\xff\xfe", b"-1"])
+def test_malformed_schema_version_is_a_dataset_error(tmp_path, version):
+    write_all(LmdbOcrWriter(tmp_path / "x"), ocr_samples(2, LATIN, None, seed=0))
+    env = lmdb.open(str(tmp_path / "x"))
+    with env.begin(write=True) as txn:
+        txn.put(b"schema-version", version)
+    env.close()
+    with pytest.raises(DatasetError, match="schema-version is .*, not a number"):
+        LmdbOcrSource(tmp_path / "x")
+
+
 def test_truncated_lmdb_gives_an_error_not_a_bus_error(tmp_path):
     write_all(LmdbOcrWriter(tmp_path / "x"), ocr_samples(300, LATIN, None, seed=0))
     data = tmp_path / "x" / "data.mdb"
