@@ -111,6 +111,27 @@ def test_pdparams_loads_and_objects_in_it_are_refused(image_h5, tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+def test_protocol_2_pdparams_read_and_other_codecs_refused(tmp_path):
+    """Older PaddleOCR releases saved .pdparams with pickle protocol 2, which rebuilds each
+    array's raw bytes through _codecs.encode(text, "latin1"): accepted for that codec only."""
+    from collections import OrderedDict
+
+    from train.weights import read_pdparams
+
+    arrays = OrderedDict(w=np.arange(6, dtype=np.float32).reshape(2, 3), b=np.ones(3, np.int64))
+    (tmp_path / "old.pdparams").write_bytes(pickle.dumps(arrays, protocol=2))
+    state = read_pdparams(tmp_path / "old.pdparams")
+    assert state.keys() == arrays.keys()
+    for name, value in arrays.items():
+        np.testing.assert_array_equal(state[name], value)
+
+    # The same call with another codec (rot13 here) is no array data: refused before it runs.
+    evil = b"\x80\x02c_codecs\nencode\nX\x03\x00\x00\x00abcX\x05\x00\x00\x00rot13\x86R."
+    (tmp_path / "codec.pdparams").write_bytes(evil)
+    with pytest.raises(pickle.UnpicklingError, match="refused to load.*rot13"):
+        read_pdparams(tmp_path / "codec.pdparams")
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_other_frameworks_checkpoint_is_a_clear_error(framework, image_h5, tmp_path):
     other = "paddle" if framework == "torch" else "torch"

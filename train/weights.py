@@ -181,8 +181,19 @@ _PDPARAMS_GLOBALS = {
 _PDPARAMS_METADATA = "StructuredToParameterName@@"
 
 
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    """What a protocol-2 pickle calls as _codecs.encode to rebuild a bytes object (an array's
+    raw data): Python 2 had no bytes type, so pickle writes bytes as a latin-1 str and this call.
+    Only that codec is taken, so the call can do nothing but make bytes."""
+    if encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"_codecs.encode with codec {encoding!r} (only latin1)")
+    return text.encode("latin1")
+
+
 class _ArraysOnly(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("_codecs", "encode"):  # protocol 2 (older PaddleOCR releases)
+            return _latin1_bytes
         if (module, name) not in _PDPARAMS_GLOBALS:
             raise pickle.UnpicklingError(f"global {module}.{name} is not a numpy array part")
         return super().find_class(module, name)
