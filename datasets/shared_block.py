@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import mmap
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,13 +22,34 @@ import numpy as np
 from datasets.process_id import current_pid
 
 
+def _create_exclusive(path: str) -> int:
+    """A new file at ``path``, created by this call (O_EXCL) and never through a symlink
+    (O_NOFOLLOW): these files live in shared, world-writable folders (/dev/shm, /tmp), where
+    opening a planted name with O_TRUNC would truncate whatever it points to. A regular file of
+    our own already there is a leftover of an earlier process whose pid and object id this one
+    reuses: it is replaced. Anything else (a symlink, another user's file) is refused."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        found = os.lstat(path)
+        if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid():
+            raise FileExistsError(
+                f"{path} already exists and is not a file of ours (a symlink or another user's "
+                "file in a shared folder): not opened. Remove it, or point the run's shared "
+                "files elsewhere (TMPDIR for state files; /dev/shm is the memory cache's)"
+            ) from None
+        os.unlink(path)
+        return os.open(path, flags, 0o600)
+
+
 class SharedBlock:
     def __init__(self, path: str | Path, size: int | None = None) -> None:
         """Create the file with ``size`` zero bytes (sparse), or attach to it when size is None."""
         self.path = str(path)
         self._creator_pid = os.getpid() if size is not None else None
         if size is not None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = _create_exclusive(self.path)
             try:
                 os.ftruncate(fd, size)
             finally:

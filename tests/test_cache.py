@@ -106,3 +106,24 @@ def test_two_worker_processes_share_one_memory_cache(image_h5, tmp_path, context
         assert np.array_equal(dataset[i]["image"], plain[i]["image"])
     assert dataset.cache.stats()["hits"] == 12 + 24
     dataset.close()
+
+
+def test_shared_files_are_created_exclusively_never_through_a_symlink(tmp_path):
+    """Shared files (memory cache, counters, in-flight table) sit in world-writable folders:
+    a name planted there as a symlink is refused, never truncated through; a regular file of
+    our own at the name (a leftover of an earlier process) is replaced."""
+    from datasets.shared_block import SharedBlock
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    planted = tmp_path / "block"
+    planted.symlink_to(victim)
+    with pytest.raises(FileExistsError, match="not a file of ours"):
+        SharedBlock(planted, 64)
+    assert victim.read_bytes() == b"precious"
+
+    leftover = tmp_path / "leftover"
+    leftover.write_bytes(b"x" * 10)
+    block = SharedBlock(leftover, 64)
+    assert leftover.stat().st_size == 64
+    assert not block.array(np.uint8, 0, 64).any()
