@@ -264,10 +264,21 @@ def _sync_entry(
         with contextlib.suppress(OSError):
             folder.rmdir()  # empty folders only: left-over partial files stay resumable
     for rel in set(known) - {o.rel for o in objects}:
-        (root / rel).unlink(missing_ok=True)  # staged earlier, deleted remotely since
         del known[rel]
+        # Staged earlier, deleted remotely since. The name comes from the manifest, a file in
+        # the cache that anyone who can write the cache can edit: only a name that stays
+        # inside this dataset's folder is removed.
+        if _inside(root, root / rel):
+            (root / rel).unlink(missing_ok=True)
+        else:
+            log.warning("%s names %r, outside %s: not removed", manifest_path, rel, root)
     record()
     return kind, objects
+
+
+def _inside(folder: Path, path: Path) -> bool:
+    """Whether ``path``, with every symlink and '..' resolved, lies below ``folder``."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
 def stage(

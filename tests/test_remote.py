@@ -372,3 +372,33 @@ def test_profile_and_endpoint_from_aws_config_files(
     monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
     with pytest.raises(RemoteStorageError, match="AWS_PROFILE"):
         stage(f"s3://{bucket}/ds", tmp_path / "cache2", **FAST)
+
+
+def test_unsafe_object_keys_are_refused(s3: S3TestServer, tmp_path: Path) -> None:
+    """A key whose path has a '..' (or an empty or '.' part) could write outside the cache."""
+    bucket = _bucket(s3, {"tree/a/data.mdb": b"x", "tree/a/../../escape": b"y"})
+    with pytest.raises(RemoteStorageError, match="unsafe object key"):
+        stage(f"s3://{bucket}/tree", tmp_path / "cache", **FAST)
+    assert not (tmp_path / "escape").exists()
+
+
+def test_manifest_names_outside_the_dataset_are_never_removed(
+    s3: S3TestServer, tmp_path: Path
+) -> None:
+    """The manifest is a file in the cache: a name in it that leads out of the dataset's folder
+    (edited by hand or by another user) is dropped from it without removing that file."""
+    bucket = _bucket(s3, {"tree/a/data.mdb": b"x" * 1000})
+    url = f"s3://{bucket}/tree"
+    cache = tmp_path / "cache"
+    local = stage(url, cache, **FAST)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (manifest_path,) = cache.glob("*.manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    escape = os.path.relpath(victim, local)
+    manifest["objects"][escape] = dict(manifest["objects"]["a/data.mdb"])
+    manifest_path.write_text(json.dumps(manifest))
+
+    assert stage(url, cache, **FAST) == local
+    assert victim.read_text() == "keep me"
+    assert escape not in json.loads(manifest_path.read_text())["objects"]
