@@ -269,6 +269,29 @@ def test_env_error_names_the_file_that_set_the_key(tmp_path: Path, monkeypatch):
     assert load_config(tmp_path / "child.yaml", ["data.val=v.h5"]).data.val == "v.h5"
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "HF_TOKEN", "PGPASSWORD", "MY_CREDENTIALS"],
+)
+def test_secret_looking_variables_are_never_substituted(monkeypatch, tmp_path, name):
+    """The resolved config is saved with the run and printed: a secret must not reach either."""
+    monkeypatch.setenv(name, "hunter2-secret-value")
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(with_train(f"s3://bucket/${{{name}}}/a.h5"), name="mine")
+    message = str(caught.value)
+    assert f"data.train: ${{{name}}} looks like a secret" in message and "\n" not in message
+    assert "hunter2" not in message
+    # A name that only contains such a word inside another one is an ordinary variable.
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "x")
+    assert config_from_dict(with_train("${TOKENIZERS_PARALLELISM}.h5")).data.train == "x.h5"
+
+
+def test_resolved_config_is_written_owner_only(tmp_path):
+    config = load_config(REPO_ROOT / "configs/ocr/smoke.yaml")
+    path = save_resolved(config, tmp_path / "run")
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
 def test_env_reference_outside_strings_and_in_lists(monkeypatch):
     monkeypatch.setenv("STARVED_TEST_ROOT", "/mnt/x")
     config = config_from_dict(

@@ -28,7 +28,9 @@ Rules of the format
   scenario files use this for the roots that differ between a checkout and a container:
   OCR_DATA_DIR, RESNET50_DATA_DIR, RUNS_ROOT and CACHE_ROOT, which the images set once (ENV in
   docker/*.Dockerfile), so every scenario file works in both places unchanged. The resolved
-  config (config.resolved.yaml, `python -m train.config`) shows the values after substitution.
+  config (config.resolved.yaml, written owner-only; `python -m train.config`) shows the values
+  after substitution, so a variable whose name looks secret (KEY, TOKEN, SECRET, PASSWORD or
+  CREDENTIALS as a word of it) is refused: credentials stay in the environment of their reader.
 - Floats need a dot: PyYAML follows YAML 1.1 and reads `1e-3` as a string; write `1.0e-3`.
 - Byte sizes take an int or a string such as 512m, 8g, 1.5GiB. Units are powers of 1024, as in
   Docker's --shm-size.

@@ -154,6 +154,20 @@ def _apply_override(data: dict, item: str, origins: dict[str, str]) -> None:
 # ---------------------------------------------------------------- ${NAME:-default} substitution
 _ENV_REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names of variables that hold secrets (AWS_SECRET_ACCESS_KEY, HF_TOKEN, DB_PASSWORD, ...): their
+# values are never substituted, because the resolved config is written to the run directory and
+# printed by `python -m train.config`. Matched as words of the name (the parts between
+# underscores), and the unambiguous ones anywhere in it (SECRETKEY, DBPASSWORD).
+_SECRET_WORDS = frozenset(
+    {"KEY", "KEYS", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIALS"}
+)
+_SECRET_PARTS = ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+
+def looks_secret(name: str) -> bool:
+    """Whether environment variable ``name`` looks like it holds a secret."""
+    upper = name.upper()
+    return bool(set(upper.split("_")) & _SECRET_WORDS) or any(p in upper for p in _SECRET_PARTS)
 
 
 def _expand_env(value: Any, key: str, environ: dict[str, str]) -> Any:
@@ -175,6 +189,15 @@ def _expand_env(value: Any, key: str, environ: dict[str, str]) -> Any:
         if not _ENV_NAME.fullmatch(name):
             hint = "write ${NAME} or ${NAME:-default}, NAME made of letters, digits and _"
             raise ConfigError(key, f"bad variable reference ${{{match[1]}}}", hint)
+        if looks_secret(name):
+            raise ConfigError(
+                key,
+                f"${{{name}}} looks like a secret (KEY, SECRET, TOKEN, PASSWORD or CREDENTIAL in "
+                "its name): secrets are never substituted, since the resolved config is saved "
+                "with the run and printed",
+                "leave credentials in the environment where their reader takes them (AWS_* for "
+                "s3:// data), not in the config",
+            )
         if environ.get(name):
             return environ[name]
         if has_default:
@@ -234,7 +257,8 @@ def save_resolved(config: Config, run_dir: str | os.PathLike) -> Path:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
-        os.chmod(temp_path, 0o644)
+        # Owner-only, as mkstemp made it: a config can name private buckets and hosts.
+        os.chmod(temp_path, 0o600)
         os.replace(temp_path, run_dir / RESOLVED_NAME)
     except BaseException:
         with contextlib.suppress(OSError):
