@@ -6,6 +6,7 @@ name and is restarted from scratch by the next run (the writers remove stale .pa
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,6 +41,15 @@ def read_paddleocr_labels(label_file: Path) -> list[tuple[str, str, int]]:
     return rows
 
 
+def _stays_inside(rel_path: str) -> bool:
+    """Whether a label file's path names something below --data-dir, as written: not absolute,
+    no '..' that climbs out. Symlinks inside the folder are followed as the user made them, but a
+    label file (often from elsewhere) cannot make the converter copy /etc/hostname or
+    ../secret.txt into a dataset."""
+    normal = os.path.normpath(rel_path)
+    return not os.path.isabs(normal) and normal != ".." and not normal.startswith("../")
+
+
 def paddleocr_labels_to_lmdb(
     label_file: str | Path,
     data_dir: str | Path,
@@ -61,7 +71,12 @@ def paddleocr_labels_to_lmdb(
         for rel_path, label, number in rows:
             image_path = data_dir / rel_path
             problem = None
-            if not image_path.is_file():
+            if not _stays_inside(rel_path):
+                problem = (
+                    f"{label_file}:{number}: {rel_path!r} leads outside --data-dir {data_dir} "
+                    "(an absolute path or '..'); paths in a label file are relative to it"
+                )
+            elif not image_path.is_file():
                 problem = f"{label_file}:{number}: image not found: {image_path}"
             elif not label.strip():
                 problem = f"{label_file}:{number}: empty label for {rel_path}"

@@ -184,6 +184,30 @@ def test_image_folder_to_hdf5_copies_bytes_unchanged(tmp_path, rng):
         image_folder_to_hdf5(tmp_path / "folder", tmp_path / "out.h5")
 
 
+def test_label_file_paths_outside_the_data_dir_are_problems_never_copied(tmp_path):
+    images = tmp_path / "imgs"
+    images.mkdir()
+    (images / "sub").mkdir()
+    (data, label), *_ = ocr_samples(1, LATIN, None, seed=0)
+    (images / "sub" / "ok.jpg").write_bytes(data)
+    (tmp_path / "secret.txt").write_text("not an image")
+    escapes = ["../secret.txt", "/etc/hostname", "sub/../../secret.txt", str(tmp_path / "x.jpg")]
+    lines = ["sub/ok.jpg\tfine", "sub/./../sub/ok.jpg\tinside"] + [f"{p}\tleak" for p in escapes]
+    (tmp_path / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    path, count, problems = paddleocr_labels_to_lmdb(
+        tmp_path / "train.txt", images, tmp_path / "lm"
+    )
+    assert count == 2
+    assert len(problems) == len(escapes)
+    for number, (problem, escape) in enumerate(zip(problems, escapes), start=3):
+        assert problem.startswith(f"{tmp_path / 'train.txt'}:{number}: {escape!r} leads outside")
+    source = LmdbOcrSource(path)
+    assert [source.read(i)[1] for i in range(len(source))] == ["fine", "inside"]
+    with pytest.raises(DatasetError, match="leads outside --data-dir"):
+        paddleocr_labels_to_lmdb(tmp_path / "train.txt", images, tmp_path / "lm2", strict=True)
+
+
 def test_paddleocr_label_file_to_lmdb(tmp_path):
     images = tmp_path / "imgs"
     images.mkdir()
