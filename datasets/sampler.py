@@ -2,8 +2,9 @@
 
 Yields ``(epoch, position)`` pairs so the dataset can seed augmentation per sample without any
 state shared with the main process. The order is a permutation seeded by (seed, epoch), split
-across ranks like DistributedSampler (padded by wrapping so every rank gets the same count), and
-can start part-way through an epoch: a resumed run continues exactly where it stopped, on the
+across ranks like DistributedSampler (padded by wrapping so every rank gets the same count; the
+padding is each rank's last position, and ``unpadded`` says how many come before it), and can
+start part-way through an epoch: a resumed run continues exactly where it stopped, on the
 same number of ranks or another.
 
 Why a resume can change the number of ranks: rank r reads positions r, r + W, r + 2W, ... of the
@@ -46,6 +47,16 @@ class EpochSampler:
         """Positions each rank reads in the rest of the epoch (all of it unless resumed)."""
         remaining = max(0, self.num_samples - self.consumed)
         return -(-remaining // self.world_size)  # ceil
+
+    @property
+    def unpadded(self) -> int:
+        """How many of this rank's ``per_rank`` positions are its own share of the epoch: the
+        first ones. The rest (one at most: on ranks r >= ``remaining % world_size`` when that is
+        not 0) wrap around to the order's start only so every rank reads as many samples, and
+        are read twice in all. An evaluation counts only these: N = 5 on 2 ranks reads 6, and
+        a metric that counted the sixth would weigh one sample double."""
+        remaining = max(0, self.num_samples - self.consumed)
+        return len(range(self.rank, remaining, self.world_size))
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         """Read epoch ``epoch`` from the start, or, resuming, without its first ``consumed``

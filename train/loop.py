@@ -32,14 +32,26 @@ log = logging.getLogger("train")
 
 
 def evaluate(
-    backend, loader, task: str, stop_flag: StopFlag | None = None, dist=None
+    backend,
+    loader,
+    task: str,
+    stop_flag: StopFlag | None = None,
+    dist=None,
+    counted: int | None = None,
 ) -> dict[str, float]:
     """One pass over the validation loader; the task's metric, summed over ranks. With a
     ``stop_flag``, a stop request ends the pass (EvaluationInterrupted, which carries the
     loader's batches to close after the checkpoint): on one rank within 0.1 s, even while it
     waits for a batch (StopAwareBatches); on several, after the batch in flight, all ranks at
     the same one (HeldBatches: a rank alone dropping its pass would leave the others waiting in
-    its all-reduce)."""
+    its all-reduce).
+
+    ``counted``: how many of this rank's samples, the first ones, count in the metric (the
+    loader's EpochSampler.unpadded; None: all). The rest are the sampler's wrap-around padding,
+    repeats of samples another rank counts: still read and predicted, so every rank reads as
+    many batches, but left out of the metric, so the sum over ranks counts each sample once and
+    equals one rank's evaluation of the whole set. Batches arrive in the sampler's order (the
+    loaders keep it, with workers and the batch ring too), so the padding is the last rows."""
     metric = tasks.get(task).metric()
     several = dist is not None and dist.world_size > 1
     if stop_flag is None:
@@ -51,9 +63,15 @@ def evaluate(
     try:
         for batch in backend.device_batches(host_batches):
             with out_of_memory_named(backend, "evaluation"):
-                metric.update(backend.predict(batch), backend.batch_labels(batch))
+                predicted, labels = backend.predict(batch), backend.batch_labels(batch)
+            if counted is not None:  # the padding: the rows after this rank's own samples
+                predicted = predicted[:counted]
+                labels = {key: value[:counted] for key, value in labels.items()}
+                counted -= len(predicted)
+            if len(predicted):
+                metric.update(predicted, labels)
             # Every rank reads as many batches (the sampler pads), so all reach each agreement.
-            if several and stop_now(stop_flag, 0, 1, dist, backend):
+            if several and stop_flag is not None and stop_now(stop_flag, 0, 1, dist, backend):
                 raise EvaluationInterrupted
     except EvaluationInterrupted as interrupted:
         interrupted.batches = host_batches
@@ -112,9 +130,9 @@ class Run:
         )
         backend.set_cpu_threads(workers)
         self.loader = backend.make_loader(data.train, self.sampler, loader_cfg, workers, train=True)
-        self.val_loader = None
+        self.val_loader = self.val_sampler = None
         if data.val is not None:
-            val_sampler = EpochSampler(
+            self.val_sampler = val_sampler = EpochSampler(
                 len(data.val), shuffle=False, rank=dist.rank, world_size=dist.world_size
             )
             self.val_loader = backend.make_loader(
@@ -328,7 +346,12 @@ class Run:
             started = time.monotonic()
             try:
                 result = evaluate(
-                    self.backend, self.val_loader, self.config.task, self.stop_flag, self.dist
+                    self.backend,
+                    self.val_loader,
+                    self.config.task,
+                    self.stop_flag,
+                    self.dist,
+                    counted=self.val_sampler.unpadded,  # not the padding's repeats
                 )
             except EvaluationInterrupted as interrupted:
                 self.interrupted_batches = interrupted.batches
