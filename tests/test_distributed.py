@@ -216,21 +216,36 @@ def test_sync_buffers_gives_every_rank_rank_0s_batchnorm_statistics(framework, t
     """Ranks train BatchNorm running statistics on their own batches (Paddle's DataParallel never
     syncs them): before an evaluation the backend makes them rank 0's, so all ranks evaluate
     the model the checkpoint holds."""
-    if framework == "paddle":
-        import paddle
+    result = run_two_ranks(framework, tmp_path, "tests/probes/sync_buffers_probe.py", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rank0, rank1 = (np.load(tmp_path / f"rank{r}.npy") for r in (0, 1))
+    assert rank0.size > 0 and np.all(rank0 == 1.0)  # rank 0 kept its own
+    assert np.array_equal(rank1, rank0)  # rank 1's (2.0) replaced by rank 0's
 
-        if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
-            pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
+
+def skip_paddle_launch_on_gpus() -> None:
+    import paddle
+
+    if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
+
+
+def run_two_ranks(
+    framework: str, tmp_path: Path, script: str, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """``script framework *args`` on 2 CPU ranks over gloo: torchrun, or
+    paddle.distributed.launch (its worker logs under tmp_path/logs, appended to stderr)."""
+    if framework == "paddle":
+        skip_paddle_launch_on_gpus()
         cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
         cmd += ["--log_dir", str(tmp_path / "logs")]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
         cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    cmd += ["tests/probes/sync_buffers_probe.py", framework, str(tmp_path)]
+    cmd += [script, framework, *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
     env["PYTHONPATH"] = str(ROOT)
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rank0, rank1 = (np.load(tmp_path / f"rank{r}.npy") for r in (0, 1))
-    assert rank0.size > 0 and np.all(rank0 == 1.0)  # rank 0 kept its own
-    assert np.array_equal(rank1, rank0)  # rank 1's (2.0) replaced by rank 0's
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    logs = sorted((tmp_path / "logs").glob("workerlog.*"))
+    result.stderr += "".join(path.read_text(errors="replace") for path in logs)
+    return result

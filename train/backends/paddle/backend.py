@@ -207,11 +207,15 @@ class PaddleBackend(Backend):
                 input_shape=input_shape,
                 hidden_size=model.hidden_size,
             )
-            self.model = paddle.DataParallel(self.net) if self.dist.world_size > 1 else self.net
             if self.train.compile:
-                # Dynamic-to-static: the forward is traced into a static program at the first
-                # step. The Layer's parameters stay shared with self.net (predict, checkpoints).
-                self.model = paddle.jit.to_static(self.model, full_graph=True)
+                # Dynamic-to-static: the bare model's forward is traced into a static program at
+                # the first step. to_static replaces the Layer's forward in place and returns the
+                # Layer itself: self.net stays the object whose parameters checkpoints save.
+                # Traced first, wrapped second (PaddleOCR's order): DataParallel's forward is
+                # dygraph-only (it prepares the gradient all-reduce for the outputs), and
+                # to_static over it fails at the first step ("requires 0 arguments").
+                self.net = paddle.jit.to_static(self.net, full_graph=True)
+            self.model = paddle.DataParallel(self.net) if self.dist.world_size > 1 else self.net
             factor = lr_factor(optim.schedule, optim.warmup_steps, total_steps)
             self.schedule_name = optim.schedule
             self.scheduler = paddle.optimizer.lr.LambdaDecay(optim.lr, factor)
