@@ -384,6 +384,7 @@ class Run:
 
     def save(self) -> None:
         died = None
+        self.backend.prepare_save()  # every rank: what rank 0's checkpoint holds per rank
         if self.dist.is_main:
             keep = self.train_cfg.keep_last
             try:

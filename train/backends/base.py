@@ -14,6 +14,7 @@ The loop calls only these methods, in this order:
             loss = backend.train_step(batch)                  # NOT synchronized
             backend.to_float(loss)                            # only at log steps (syncs)
         backend.predict(batch) / backend.batch_labels(batch)  # evaluation
+        backend.prepare_save()                                # every rank, then on rank 0:
         backend.save_state(tmp_dir)                           # checkpoint (atomic rename is ours)
 
 A backend is made for one task (train/tasks.py) and the ``train:`` section, and is handed the
@@ -174,6 +175,11 @@ class Backend(abc.ABC):
         """Trainable parameters of the model (not BatchNorm's running statistics)."""
 
     # --- checkpoints -------------------------------------------------------------------------
+    def prepare_save(self) -> None:  # noqa: B027  (default: nothing to gather)
+        """Called by every rank right before a checkpoint, which only rank 0 writes
+        (save_state): gather there what each rank must restore as its own (torch: the
+        generator states). Collective: every rank calls it, or none does."""
+
     @abc.abstractmethod
     def save_state(self, directory: Path) -> None:
         """Write model, optimizer, LR schedule, AMP scaler and framework RNG state as files in

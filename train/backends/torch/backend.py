@@ -11,6 +11,8 @@ import logging
 import os
 import pickle
 import random
+import shutil
+import sysconfig
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -28,9 +30,10 @@ from train import weights
 from train.backends import common
 from train.backends.base import Backend, DeviceUnavailableError, DistInfo
 from train.backends.torch.data import make_loader
-from train.backends.torch.models import FAMILIES, HEADS, build_model
+from train.backends.torch.models import HEADS, build_model, memory_format
 from train.checkpoint import refuse_pickle
 from train.cpus import usable_cores
+from train.errors import RunError
 from train.gpu_probe import FrameworkCuda
 from train.schedule import lr_factor, weight_decay_groups
 
@@ -57,6 +60,8 @@ class TorchBackend(Backend):
         self._training_mode: bool | None = None
         self._stats: tuple[torch.Tensor, torch.Tensor] | None = None  # pixel scale, shift
         self._model_spec = None  # train/tasks.py's Model once built: its pixel contract
+        self._layout = torch.contiguous_format  # the batches' (and weights') memory format
+        self._rank_rng_states: list[dict[str, Any]] | None = None  # gathered by prepare_save
         self._head = HEADS[self.task.name]  # the task's loss and decoding
 
     # --- process ---------------------------------------------------------------------------
@@ -159,15 +164,15 @@ class TorchBackend(Backend):
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [N,H,W,C] -> float32 [N,C,H,W] on the device, normalized with the task's
-        per-channel scale and shift (train/tasks.py) in one multiply-add."""
+        per-channel scale and shift (train/tasks.py) in one multiply-add, in the memory format
+        of the model's weights (models.memory_format: channels_last only for the families
+        that use it on CUDA)."""
         # permute() is a view: NHWC memory seen as NCHW is exactly the channels_last layout,
-        # which cuDNN prefers on tensor-core GPUs, so no copy happens on CUDA.
+        # so for channels_last models no copy happens.
         images = images.permute(0, 3, 1, 2).float()
         scale, shift = self._pixel_constants()
         images = images.mul_(scale).add_(shift)
-        if self.device.type == "cuda":
-            return images.contiguous(memory_format=torch.channels_last)
-        return images.contiguous()  # the CPU kernels here are tuned for plain NCHW
+        return images.contiguous(memory_format=self._layout)
 
     def _pixel_constants(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale and shift as [1, C, 1, 1] device tensors, made once (not a host copy per
@@ -217,8 +222,10 @@ class TorchBackend(Backend):
         net = build_model(
             spec, num_classes, input_shape=input_shape, hidden_size=model.hidden_size
         ).to(self.device)
-        if self.device.type == "cuda" and FAMILIES[spec.family].channels_last:
-            net = net.to(memory_format=torch.channels_last)  # matches device_batches' layout
+        # The weights and _normalize's batches in one layout.
+        self._layout = memory_format(self.device.type, spec.family)
+        if self._layout == torch.channels_last:
+            net = net.to(memory_format=torch.channels_last)
         self.net = net
         self.model = net
         if self.dist.world_size > 1:
@@ -228,6 +235,7 @@ class TorchBackend(Backend):
                 net, device_ids=device_ids, gradient_as_bucket_view=True
             )
         if self.train.compile:
+            _check_compile_toolchain(self.device.type)
             # Compiled lazily, at the first training step. Only the training forward is
             # compiled: predict() and checkpoints use the bare model (self.net), so checkpoints
             # are the same files with or without it.
@@ -329,14 +337,27 @@ class TorchBackend(Backend):
         return sum(parameter.numel() for parameter in self.net.parameters())
 
     # --- checkpoints -------------------------------------------------------------------------
+    def prepare_save(self) -> None:
+        """Every rank: gather each rank's generator states (torch CPU and CUDA, Python, numpy)
+        to rank 0, whose save_state writes them all; a resumed rank then restores its own.
+        One small collective per checkpoint (a few KB per rank)."""
+        if self.dist.world_size == 1:
+            return
+        gathered = [None] * self.dist.world_size if self.dist.is_main else None
+        dist.gather_object(_rng_state(self.device), gathered, dst=0)
+        self._rank_rng_states = gathered
+
     def save_state(self, directory: Path) -> None:
         directory = Path(directory)
+        rng = _rng_state(self.device)  # this process's (rank 0's): what one process restores
+        if self._rank_rng_states is not None:  # prepare_save's, used once: every rank's
+            rng["ranks"], self._rank_rng_states = self._rank_rng_states, None
         parts = {
             "model": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": _rng_state(self.device),
+            "rng": rng,
         }
         for name, state in parts.items():
             torch.save(state, directory / f"{name}.pt")
@@ -350,8 +371,13 @@ class TorchBackend(Backend):
         # every step.
         self.optimizer.load_state_dict(self._load(directory, "optimizer", "cpu"))
         self.scheduler.load_state_dict(self._load(directory, "scheduler", "cpu"))
-        self.scaler.load_state_dict(self._load(directory, "scaler", "cpu"))
-        _set_rng_state(self._load(directory, "rng", "cpu"), self.device)
+        scaler = _scaler_state_to_load(
+            self._load(directory, "scaler", "cpu"), self.scaler.is_enabled()
+        )
+        if scaler is not None:
+            self.scaler.load_state_dict(scaler)
+        rng = self._load(directory, "rng", "cpu")
+        _set_rng_state(_rank_rng_state(rng, self.dist), self.device)
 
     @staticmethod
     def _load(directory: Path, name: str, map_location) -> Any:
@@ -532,3 +558,64 @@ def _set_cuda_rng_states(states: list[torch.Tensor]) -> None:
         )
     for index in range(restored):
         torch.cuda.set_rng_state(states[index], index)
+
+
+def _check_compile_toolchain(device_type: str) -> None:
+    """train.compile: TorchInductor builds the model's kernels at the first step, with the C++
+    compiler on the CPU (each kernel loaded through a Python extension: Python.h) and with
+    Triton on CUDA (its launcher is C, built against Python.h too). Without them the first
+    step would die in a long traceback (InvalidCxxCompiler); this names what is missing and
+    the fix before any work is done."""
+    missing = []
+    cxx = os.environ.get("CXX", "g++")  # what inductor runs (torch._inductor.config.cpp.cxx)
+    if shutil.which(cxx) is None and not os.environ.get("TORCH_INDUCTOR_INSTALL_GXX"):
+        missing.append(f"a C++ compiler ({cxx}, or $CXX)")
+    if device_type == "cuda":  # Triton's search: $CC, else gcc, else clang
+        c_compilers = [os.environ["CC"]] if os.environ.get("CC") else ["gcc", "clang"]
+        if not any(shutil.which(cc) for cc in c_compilers):
+            missing.append(f"a C compiler ({' or '.join(c_compilers)})")
+    include = Path(sysconfig.get_path("include"))
+    if not (include / "Python.h").is_file():
+        missing.append(f"Python's headers ({include}/Python.h)")
+    if missing:
+        raise RunError(
+            f"train.compile: true needs {' and '.join(missing)}, which this environment lacks: "
+            "torch.compile (TorchInductor) builds the model's kernels with them. HINT: install "
+            "them (Debian/Ubuntu: apt-get install gcc g++ python3-dev; conda's Python ships its "
+            "headers; docker/torch.Dockerfile installs the compilers), or set "
+            "train.compile=false"
+        )
+
+
+def _scaler_state_to_load(saved: dict[str, Any], enabled: bool) -> dict[str, Any] | None:
+    """What of a checkpoint's GradScaler state to load into this run's scaler; None: nothing.
+    A disabled scaler (amp none or bf16) saves {}, and an enabled one (fp16) refuses to load
+    {}: resumed with fp16 from such a checkpoint, the scaler starts fresh (its initial scale,
+    2**16, found again within a few steps). A disabled scaler ignores what it is given, so a
+    saved fp16 state is simply not used."""
+    if not enabled:
+        return None
+    if not saved:
+        log.info(
+            "checkpoint has no fp16 loss-scaler state (saved with train.amp none or bf16): "
+            "the loss scaler starts at its initial scale"
+        )
+        return None
+    return saved
+
+
+def _rank_rng_state(state: dict[str, Any], info: DistInfo) -> dict[str, Any]:
+    """This rank's generator states in a checkpoint's rng.pt: its own entry of "ranks" (one per
+    rank, gathered by prepare_save) when the world size is the one saved; otherwise rank 0's
+    (the file's top level), which is also all a single process or an older file saved."""
+    ranks = state.get("ranks")
+    if ranks is not None and len(ranks) == info.world_size:
+        return ranks[info.rank]
+    if info.is_main and (ranks is not None or info.world_size > 1):
+        log.info(
+            "checkpoint holds the RNG states of %d rank(s), this run has %d: every rank "
+            "restores rank 0's",
+            len(ranks) if ranks is not None else 1,
+            info.world_size,
+        )
+    return state

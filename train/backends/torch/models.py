@@ -69,8 +69,8 @@ def _ppocrv4(model: Model, num_classes: int, input_shape, hidden_size: int) -> n
 @dataclass(frozen=True)
 class Family:
     build: Callable[[Model, int, Any, int], nn.Module]
-    # Weights in channels_last on CUDA, the layout device_batches gives there: cuDNN's
-    # tensor-core convolutions prefer it (the CRNN's LSTM gains nothing).
+    # Weights and batches in channels_last on CUDA (memory_format below): cuDNN's tensor-core
+    # convolutions prefer it (the CRNN's LSTM gains nothing).
     channels_last: bool
 
 
@@ -79,6 +79,16 @@ FAMILIES = {
     "resnet": Family(_resnet, True),
     "ppocrv4": Family(_ppocrv4, channels_last=False),  # depthwise convs: not measured on GPU
 }
+
+
+def memory_format(device_type: str, family: str | None) -> torch.memory_format:
+    """The one layout of a family's weights and of its batches on ``device_type``: the backend
+    gives both the same, so no convolution converts its input or its weights on each call.
+    channels_last on CUDA for the families marked so; plain NCHW everywhere else (the CPU
+    kernels here are tuned for it), and before a model is built (``family`` None)."""
+    if device_type == "cuda" and family is not None and FAMILIES[family].channels_last:
+        return torch.channels_last
+    return torch.contiguous_format
 
 
 def build_model(
