@@ -11,7 +11,9 @@
 #                     The interpreter is the CI host's own CPython 3.10 build, copied into the
 #                     build context as python3.10/ by the script (Debian bookworm has only 3.11).
 #   --target torch    pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime: CPython 3.11 as `python`
-#                     with torch 2.6.0 and torchvision 0.21.0, runs as root.
+#                     with torch 2.6.0 and torchvision 0.21.0 and Python's headers (conda's
+#                     Python ships include/python3.11; train.compile builds against them),
+#                     no C compiler, runs as root.
 ARG ROOTFS_IMAGE=starved-ci/rootfs:bookworm
 
 # ---------------------------------------------------------------- common: the distribution part
@@ -49,9 +51,11 @@ RUN ldconfig \
 # ---------------------------------------------------------------- torch: CPython 3.11
 FROM common AS torch
 # Unpinned apt packages: bookworm's, fixed by the rootfs (as in the common stage).
+# libpython3.11-dev: the headers only (Python.h in /usr/include/python3.11, the venv's include
+# path), as the real base has them; the compilers come from docker/torch.Dockerfile.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && apt-get install -y --no-install-recommends python3 python3-venv libpython3.11-dev \
     && rm -rf /var/lib/apt/lists/*
 ARG FRAMEWORK_PIP
 # DL3013 (pin pip packages): FRAMEWORK_PIP carries the exact pins (==) from the script.

@@ -19,10 +19,14 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_ROOT_USER_ACTION=ignore
 
 # A CJK font for synthetic OCR data (the data services may run in either image); libGL/glib for
-# opencv. Not version-pinned: see docker/paddle.Dockerfile (same list on three distributions).
+# opencv; gcc and g++ for train.compile: TorchInductor compiles its CPU kernels with g++ and
+# Triton its CUDA launcher with gcc, and the runtime base has no compiler (its conda Python has
+# the headers both need). Not version-pinned: see docker/paddle.Dockerfile (same list on three
+# distributions).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends fonts-wqy-microhei libgl1 libglib2.0-0 \
+        gcc g++ \
     && rm -rf /var/lib/apt/lists/*
 
 # Non-root user, and every path a volume is mounted at (compose.yaml, k8s/), created here with the
@@ -45,6 +49,10 @@ ENV OCR_DATA_DIR=/data/ocr \
     RESNET50_DATA_DIR=/data/resnet50 \
     RUNS_ROOT=/runs \
     CACHE_ROOT=/cache
+# train.compile's kernel cache. Inductor's default, /tmp/torchinductor_<user name>, asks
+# /etc/passwd for the name and raises KeyError for a uid that is not there (HOST_UID, a pod's
+# runAsUser); /tmp is per container and writable by any uid.
+ENV TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor
 
 # Requirements before the source. requirements/torch.txt pins torch/torchvision for the venvs; the
 # base image already has the CUDA builds of exactly these versions, so those lines are filtered

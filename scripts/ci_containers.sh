@@ -23,6 +23,7 @@
 #                   writes synthetic data as uid 1000, train-ocr trains, summary.json lands in
 #                   the runs folder on the host), a second scenario by OCR_CONFIG alone,
 #                   `docker compose run --rm doctor`, `docker compose up train-resnet50`,
+#                   one compiled step (train.compile=true) in the PyTorch image,
 #                   `docker compose stop train-ocr` then `up` again (resumes from the SIGTERM
 #                   checkpoint), `docker compose run --rm train-ocr python -m train.evaluate`
 #                   on the first run's best checkpoint; and the dev service answering on
@@ -354,6 +355,21 @@ compose_train_resnet50() {
     check "resnet50-torch-smoke: $(summary_of resnet50-torch-smoke)"
 }
 
+compose_compile_torch() {  # train.compile in the PyTorch image, on the data the step above wrote
+    # TorchInductor compiles the step's kernels with the image's g++ against Python.h: without
+    # either, the trainer exits 1 naming what is missing (no doctor involved). ResNet-18 at
+    # 112 px: one step, about 2 min of compiling on 2 cores (cold cache in a new container).
+    quiet run --rm --no-deps train-resnet50 python -m train --config configs/resnet50/smoke.yaml \
+        --output-dir /runs/resnet50-torch-compile --overwrite --set train.compile=true \
+        --set train.max_steps=1 --set optim.warmup_steps=0 --set train.log_every=1 2>&1 \
+        | tee "$WORK/compile.out"
+    local rc=${PIPESTATUS[0]}
+    check "train.compile=true in the torch image: exit $rc"
+    [[ $rc == 0 ]] || return 1
+    check "resnet50-torch-compile: $(summary_of resnet50-torch-compile)," \
+        "$(grep -oE 'batch_cost_s=[0-9.]+' "$WORK/compile.out" | head -n 1) (compile included)"
+}
+
 compose_stop_continue() {  # docker compose stop, then up: the run continues from its checkpoint
     export OCR_CONFIG=configs/ocr/smoke.yaml
     export OCR_SET="--set train.max_steps=400 --set train.checkpoint_every=1000 --set train.log_every=5
@@ -445,6 +461,7 @@ step compose-train-ocr compose_train_ocr
 step compose-second-scenario compose_second_scenario
 step compose-doctor compose_doctor
 step compose-train-resnet50 compose_train_resnet50
+step compose-compile-torch compose_compile_torch  # after it: the ResNet data volume is filled
 step finetune-ppocrv4 compose_finetune_ppocrv4  # before scenario-paths: it writes its inputs
 step scenario-paths compose_scenarios  # after both data services have filled their volumes
 step compose-stop-continue compose_stop_continue
