@@ -8,9 +8,11 @@
 #
 # BASE_IMAGE: Paddle's own 2.6.1 GPU release image (Docker Hub; also registry.baidubce.com):
 # CUDA 11.8, cuDNN 8.6, TensorRT 8.5, Ubuntu 20.04, Python 3.10, paddlepaddle-gpu 2.6.1 installed.
-# Hopper GPUs (H100/H200, sm_90) need Paddle's CUDA 12 build: PADDLE_BASE_IMAGE switches the base
-# (docs/containers.md, "GPU generations"). CI builds this file on a CPU stand-in base instead
-# (scripts/ci_containers.sh).
+# Hopper GPUs (H100/H200, sm_90) need Paddle's CUDA 12 build (the doctor FAILs and training stops
+# at start on the 11.8 one): PADDLE_BASE_IMAGE switches the base (docs/containers.md, "GPU
+# generations"); without compose:
+#   --build-arg BASE_IMAGE=paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6
+# CI builds this file on a CPU stand-in base instead (scripts/ci_containers.sh).
 ARG BASE_IMAGE=paddlepaddle/paddle:2.6.1-gpu-cuda11.8-cudnn8.6-trt8.5
 FROM ${BASE_IMAGE} AS runtime
 

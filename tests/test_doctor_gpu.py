@@ -48,7 +48,9 @@ def by_name(checks):
     return {c.name: c for c in checks}
 
 
-def test_hopper_with_paddle_cuda118_build_warns_with_the_cuda12_base_fix(tmp_path, monkeypatch):
+def test_hopper_with_paddle_cuda118_build_fails_with_the_cuda12_base_fix(tmp_path, monkeypatch):
+    """Paddle's CUDA 11.8 build on an H200: a FAIL although its tiny op ran (on Hopper, so does
+    paddle.utils.run_check(), and training then aborts)."""
     monkeypatch.setattr(gpu_probe, "nvml_gpus", lambda: [H200])
     fake_probe(
         monkeypatch,
@@ -60,8 +62,9 @@ def test_hopper_with_paddle_cuda118_build_warns_with_the_cuda12_base_fix(tmp_pat
         checks["GPU"].detail
     )
     arch = checks["GPU vs paddle"]
-    assert arch.status == "WARN"
-    assert "Paddle's CUDA 11.8 build may not run on Hopper (sm_90)" in arch.detail
+    assert arch.status == "FAIL"
+    assert "Paddle's CUDA 11.8 build cannot run on Hopper and newer (sm_90)" in arch.detail
+    assert "FAIL  GPU vs paddle  NVIDIA H200 (sm_90): Paddle" in doctor.render([*checks.values()])
     assert arch.fix == (
         "use the CUDA 12 Paddle base: PADDLE_BASE_IMAGE=paddlepaddle/paddle:2.6.1-gpu-cuda12.0-"
         "cudnn8.9-trt8.6 docker compose build train-ocr"

@@ -2,14 +2,16 @@
 
 The facts come from train/gpu_probe.py (NVML, and the framework asked in a subprocess); this
 module judges them: a GPU the build has no kernels for (compute capability against the CUDA
-version or torch's arch list), a CPU build or a hidden GPU while GPUs are there, a driver older
-than the build's CUDA, a tiny op that failed. One line per verdict, with the fix.
+version or torch's arch list: a FAIL where the build cannot run, a WARN where it may not), a
+CPU build or a hidden GPU while GPUs are there, a driver older than the build's CUDA, a tiny op
+that failed. One line per verdict, with the fix.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from typing import NamedTuple
 
 from train import gpu_probe
 from train.check import Check
@@ -31,6 +33,8 @@ _MIN_CUDA = {
     (8, 9): (11, 8),
     (9, 0): (11, 8),
 }
+# Paddle 2.6's CUDA 12 release image, the same tag pattern as the default CUDA 11.8 base
+# (compose.yaml, docker/paddle.Dockerfile): the base for Hopper, where the CUDA 11.x builds abort.
 PADDLE_CUDA12_BASE = "paddlepaddle/paddle:2.6.1-gpu-cuda12.0-cudnn8.9-trt8.6"
 PADDLE_CUDA12_FIX = (
     f"use the CUDA 12 Paddle base: PADDLE_BASE_IMAGE={PADDLE_CUDA12_BASE} "
@@ -38,8 +42,24 @@ PADDLE_CUDA12_FIX = (
 )
 
 
-def arch_problem(fw: FrameworkCuda, capability: tuple[int, int]) -> tuple[str, str] | None:
-    """(why this build may not run on a GPU of ``capability``, the fix), or None."""
+class ArchProblem(NamedTuple):
+    """Why a build may not run on a kind of GPU, and the fix. ``fatal``: it cannot, and the
+    doctor FAILs (training stops at start where the facts it has in-process show it:
+    unrunnable_gpu); otherwise the doctor warns."""
+
+    reason: str
+    fix: str
+    fatal: bool = False
+
+
+def arch_problem(fw: FrameworkCuda, capability: tuple[int, int]) -> ArchProblem | None:
+    """Why this build may not (or cannot: ``fatal``) run on a GPU of ``capability``, or None.
+
+    Fatal: a torch build with neither a cubin of the GPU's major version (not newer than it)
+    nor PTX to JIT-compile (CUDA's "no kernel image is available"); and Paddle's CUDA 11.x
+    builds on compute capability 9.0 and newer. Paddle 2.6 lists sm_90 for its CUDA 12 builds
+    only, and a CUDA 11.8 build on an H100 passes paddle.utils.run_check() (and the doctor's
+    tiny op) and then aborts in training: only the build's CUDA version can tell."""
     major, minor = capability
     sm = major * 10 + minor
     if fw.archs:  # torch: the architectures compiled in
@@ -53,12 +73,13 @@ def arch_problem(fw: FrameworkCuda, capability: tuple[int, int]) -> tuple[str, s
         if any(c // 10 == major and c <= sm for c in cubins):
             return None  # a cubin of the same major, not newer, runs
         if any(p <= sm for p in ptx):
-            return (
+            return ArchProblem(
                 f"no sm_{sm} kernels in {fw.describe()} (arch list {' '.join(fw.archs)}): "
                 "the driver JIT-compiles PTX at start, slowly",
                 fix,
             )
-        return (f"{fw.describe()} has kernels for {' '.join(fw.archs)} only, not sm_{sm}", fix)
+        has = f"{fw.describe()} has kernels for {' '.join(fw.archs)} only, not sm_{sm}"
+        return ArchProblem(has, fix, fatal=True)
     built = _version(fw.cuda)
     if built is None:
         return None
@@ -72,14 +93,39 @@ def arch_problem(fw: FrameworkCuda, capability: tuple[int, int]) -> tuple[str, s
         fix = PADDLE_CUDA12_FIX
     else:
         fix = f"use a {fw.framework} build with CUDA >= {needed[0]}.{needed[1]}" if needed else ""
+    paddle_cuda11 = fw.framework == "paddle" and built[0] < 12 and major >= 9
     if needed is not None and built < needed:
-        return (
+        return ArchProblem(
             f"{fw.describe()} predates sm_{sm} (CUDA {needed[0]}.{needed[1]} or newer is needed "
             "to build for it)",
             fix,
+            fatal=paddle_cuda11,
         )
-    if fw.framework == "paddle" and built[0] == 11 and major >= 9:
-        return (f"Paddle's CUDA {fw.cuda} build may not run on Hopper (sm_{sm})", fix)
+    if paddle_cuda11:
+        return ArchProblem(
+            f"Paddle's CUDA {fw.cuda} build cannot run on Hopper and newer (sm_{sm}): Paddle 2.6 "
+            "builds sm_90 kernels in its CUDA 12 builds only (a tiny op, even "
+            "paddle.utils.run_check(), passes; training then aborts)",
+            fix,
+            fatal=True,
+        )
+    return None
+
+
+def unrunnable_gpu(fw: FrameworkCuda, gpus: list[Gpu]) -> tuple[str, str] | None:
+    """(why ``fw``'s build cannot run on one of the GPUs, the fix) when arch_problem says so
+    for a GPU of ``gpus`` (NVML's) or of those the framework described, else None. Training
+    stops at start on it (train/backends/common.py's choose_gpu), from the build facts the
+    backend reads in-process: Paddle's CUDA version, not torch's arch list (torch then stops
+    at its first kernel, "no kernel image is available")."""
+    kinds = {g.capability: g.name for g in gpus if g.capability is not None}
+    for d in fw.devices:
+        if d.get("capability"):
+            kinds.setdefault(tuple(d["capability"]), d.get("name", "?"))
+    for capability, name in sorted(kinds.items()):
+        problem = arch_problem(fw, capability)
+        if problem is not None and problem.fatal:
+            return f"{problem.reason}; GPU: {name}", problem.fix
     return None
 
 
@@ -182,10 +228,13 @@ def _arch_check(framework: str, gpus: list[Gpu], fw: FrameworkCuda) -> Check | N
         elif not ops and fw.crashed:
             worst = "FAIL"
             lines.append(f"{name} ({sm}): the {framework} probe did not finish ({fw.crashed})")
+        elif problem is not None and problem.fatal:
+            worst = "FAIL"
+            lines.append(f"{name} ({sm}): {problem.reason}")
         elif problem is not None:
             worst = "WARN" if worst == "PASS" else worst
             ran = " (a tiny op ran; other kernels may be missing)" if ops else ""
-            lines.append(f"{name} ({sm}): {problem[0]}{ran}")
+            lines.append(f"{name} ({sm}): {problem.reason}{ran}")
         else:
             lines.append(f"{name} ({sm}): supported" + (", a tiny op ran" if ops else ""))
             continue

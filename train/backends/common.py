@@ -25,7 +25,7 @@ import numpy as np
 
 from train import gpu_probe
 from train.backends.base import DeviceUnavailableError
-from train.doctor_gpu import no_cuda_reason
+from train.doctor_gpu import no_cuda_reason, unrunnable_gpu
 from train.gpu_probe import FrameworkCuda
 from train.tasks import CrnnWidths
 
@@ -36,13 +36,23 @@ def choose_gpu(wanted: str, cuda: FrameworkCuda) -> bool:
     """Whether to train on a GPU, for train.device ``wanted`` and ``cuda``, what the framework
     in this process says (its build, the GPUs it can use). gpu without a usable one raises
     DeviceUnavailableError with the reason (a CPU build, CUDA_VISIBLE_DEVICES, a driver too
-    old, no GPU visible) and its fix; auto falls back to the CPU, with a loud warning when the
-    driver (NVML) sees GPUs the framework cannot use: they would idle all run."""
+    old, no GPU visible) and its fix; so does gpu or auto with a GPU the build cannot run on
+    (train/doctor_gpu.py's unrunnable_gpu, the doctor's FAIL: NVML's compute capability
+    against the build), which needs another image, not the CPU. auto without a usable GPU
+    falls back to the CPU, with a loud warning when the driver (NVML) sees GPUs the framework
+    cannot use: they would idle all run."""
     if wanted == "cpu":
         return False
-    if cuda.usable:
-        return True
     gpus = gpu_probe.nvml_gpus()
+    if cuda.usable:
+        unrunnable = unrunnable_gpu(cuda, gpus)  # e.g. Paddle's CUDA 11.8 build on an H100
+        if unrunnable is not None:
+            reason, fix = unrunnable
+            raise DeviceUnavailableError(
+                f"train.device is {wanted} but {reason}",
+                f"{fix}; or set train.device: cpu",
+            )
+        return True
     reason, fix = no_cuda_reason(cuda, gpus)
     if wanted == "gpu":
         seen = f" ({len(gpus)} GPU(s) visible to the driver)" if gpus else ""
