@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets import owner_lock
+
 RING_PREFIX = "starved_ring_"
 _HEADER = 4096  # per slot: stamp (generation, seq, payload bytes) + the layout as JSON
 _STAMP = np.dtype("<i8")
@@ -89,6 +91,7 @@ class BatchRing:
         self.base = base
         self.slots = slots
         self._creator_pid: int | None = None
+        self._owner_fds: list[int] = []  # the creator's, with the owner's mark
         self._control = _Mapped(base + "ctl")
         self._slot_maps = [_Mapped(f"{base}{i}") for i in range(slots)]
         self.generation = 0  # trainer side
@@ -102,12 +105,13 @@ class BatchRing:
         base = os.path.join(str(directory), f"{RING_PREFIX}{os.getpid()}_{secrets.token_hex(4)}_")
         ring = cls(base, slots)
         ring._creator_pid = os.getpid()
-        for path in [base + "ctl", *(f"{base}{i}" for i in range(slots))]:
+        for path in ring.paths():
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(fd, 2 * _STAMP.itemsize if path.endswith("ctl") else _HEADER)
-            finally:
-                os.close(fd)
+            # Kept open with the owner's mark until unlink() or death (datasets/owner_lock.py):
+            # the start-up sweep of another PID namespace sharing /dev/shm sees the ring alive.
+            ring._owner_fds.append(fd)
+            owner_lock.hold(fd)
+            os.ftruncate(fd, 2 * _STAMP.itemsize if path.endswith("ctl") else _HEADER)
         return ring
 
     def paths(self) -> list[str]:
@@ -181,6 +185,9 @@ class BatchRing:
         for path in self.paths():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        for fd in self._owner_fds:
+            os.close(fd)
+        self._owner_fds = []
 
     # ------------------------------------------------------------------ worker side
     def write(self, ticket: RingTicket, samples: list[dict[str, np.ndarray]]) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets import owner_lock
 from datasets.process_id import current_pid
 
 
@@ -48,12 +49,18 @@ class SharedBlock:
         """Create the file with ``size`` zero bytes (sparse), or attach to it when size is None."""
         self.path = str(path)
         self._creator_pid = os.getpid() if size is not None else None
+        # The creator keeps one descriptor with the owner's mark (datasets/owner_lock.py) until
+        # unlink() or its death: the start-up sweep never takes the file of a live run.
+        self._owner_fd: int | None = None
         if size is not None:
             fd = _create_exclusive(self.path)
             try:
+                owner_lock.hold(fd)
                 os.ftruncate(fd, size)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            self._owner_fd = fd
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
         self._pid: int | None = None
@@ -83,8 +90,11 @@ class SharedBlock:
         if self._creator_pid == os.getpid():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+            if self._owner_fd is not None:
+                os.close(self._owner_fd)
+                self._owner_fd = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fd=None, _map=None, _pid=None)
+        state.update(_fd=None, _map=None, _pid=None, _owner_fd=None)
         return state

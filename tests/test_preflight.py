@@ -134,11 +134,63 @@ def test_stale_state_files_are_those_of_dead_trainers_only(tmp_path):
     }
     for name, size in files.items():
         (tmp_path / name).write_bytes(b"\0" * size)
+        os.utime(tmp_path / name, (time.time() - 60, time.time() - 60))  # left a minute ago
     stale = preflight.stale_state_files(str(tmp_path))
     assert sorted(p.name for p in stale.paths) == sorted(list(files)[:2]) and stale.bytes == 8492
     assert preflight.remove_stale_state_files(str(tmp_path)) == 8492
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(list(files)[2:])
     assert preflight.stale_state_files(str(tmp_path / "missing")).paths == []
+
+
+# A process in a PID namespace of its own, as another container sharing /dev/shm would be: it
+# makes a shared file under a name whose pid is dead here, prints READY and waits for stdin.
+_OTHER_NAMESPACE_OWNER = """
+import sys
+from datasets.shared_block import SharedBlock
+block = SharedBlock(sys.argv[1], 4096)
+print("READY", flush=True)
+sys.stdin.read()
+"""
+
+
+def _start_in_other_pid_namespace(path: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", _OTHER_NAMESPACE_OWNER, str(path)]
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True)
+    if probe.returncode == 0:  # root, or user namespaces allowed: a real PID namespace
+        cmd = ["unshare", "--pid", "--fork", *cmd]
+    owner = subprocess.Popen(
+        cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert owner.stdout.readline().strip() == "READY"
+    return owner
+
+
+def test_sweep_keeps_live_files_of_another_pid_namespace(tmp_path):
+    """The pid in a file's name is dead here, but its creator lives in another PID namespace
+    (a container sharing /dev/shm): its owner's mark keeps the file, and with it Paddle's files
+    of pids not visible here; once the owner is gone, the file is swept."""
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead, hour_ago = finished.pid, time.time() - 3600
+    cache = tmp_path / f"data-cache-{dead}-7f3a"  # datasets/cache.py's memory-cache name
+    paddle = tmp_path / f"paddle_{dead}_3_77"
+    paddle.write_bytes(b"\0" * 100)
+    os.utime(paddle, (hour_ago, hour_ago))
+
+    owner = _start_in_other_pid_namespace(cache)
+    try:
+        os.utime(cache, (hour_ago, hour_ago))
+        assert preflight.stale_batches(str(tmp_path)).paths == []
+        assert preflight.stale_state_files(str(tmp_path)).paths == []
+        assert preflight.remove_stale_batches(str(tmp_path)) == 0
+        assert cache.exists() and paddle.exists()
+    finally:
+        owner.stdin.close()
+        owner.wait(30)
+    assert cache.exists()  # killed without cleaning up: a leftover, as after kill -9
+    assert sorted(p.name for p in preflight.stale_batches(str(tmp_path)).paths) == sorted(
+        [cache.name, paddle.name]
+    )
 
 
 def test_the_state_files_a_trainer_makes_match_the_sweeps_patterns(tmp_path):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets import owner_lock
 from datasets.bad_samples import STATE_FILE as BAD_SAMPLES_FILE
 from datasets.batch_ring import RING_PREFIX
 from datasets.cache import MEMORY_FILE
@@ -123,6 +124,7 @@ _PADDLE_BATCH_FILE = re.compile(r"paddle_(\d+)_\d+_\d+")
 # used only by it and its workers (which die with it), so stale as soon as that process is gone.
 _RING_FILE = re.compile(re.escape(RING_PREFIX) + r"(\d+)_[0-9a-f]+_(?:\d+|ctl)")
 STALE_AFTER_S = 600.0  # a live batch is taken within seconds; this leaves a wide margin
+_MARK_WINDOW_S = 2.0  # a file of ours younger than this may not carry its owner's mark yet
 
 
 @dataclass
@@ -138,29 +140,57 @@ class StaleFiles:
         return sum(self.sizes.values())
 
 
+def _ours_stale(entry: os.DirEntry, pid: int, mtime: float, now: float) -> bool:
+    """One of our files (a batch ring's, a memory cache, a state file) is dead when no process
+    holds its owner's mark (datasets/owner_lock.py: its creator holds it from creation until it
+    removes the file or dies, in any PID namespace) and its pid is gone here. The pid as well,
+    because a file made before the owner's mark existed has none; the age, because the mark is
+    taken just after the file is created."""
+    mark = owner_lock.held(entry.path)
+    if mark:
+        return False
+    return not process_alive(pid) and (mark is None or now - mtime >= _MARK_WINDOW_S)
+
+
 def stale_batches(
     path: str = SHM_PATH, older_than_s: float = STALE_AFTER_S, now: float | None = None
 ) -> StaleFiles:
-    """Paddle batch files whose creator process is gone and that are older than
-    ``older_than_s``: no process will ever take them. Both conditions, so that a batch in
-    flight (young) and Paddle's reusable shm-cache buffers (creator alive) are never listed.
-    Batch-ring files are listed as soon as their trainer process is gone, whatever their age,
-    and so are data.cache: memory's files (datasets/cache.py): only their trainer reads them."""
+    """The shared-memory files left by dead processes, which no process will ever read.
+
+    Ours (batch rings, data.cache: memory) by :func:`_ours_stale`, whatever their age: that holds
+    across PID namespaces. Paddle's batch files carry only a pid, which says nothing about
+    another namespace, so they are listed when their creator is gone here and they are older
+    than ``older_than_s`` (a batch in flight is young; Paddle's reusable shm-cache buffers have a
+    live creator), and not at all when this /dev/shm shows another PID namespace at work (a live
+    file of ours whose pid is not alive here): a live run there would lose its batches."""
     now = time.time() if now is None else now
-    stale = StaleFiles({})
+    stale, paddle, shared = StaleFiles({}), StaleFiles({}), False
     for entry in _scan(path):
-        ring = _RING_FILE.fullmatch(entry.name)
-        cache = MEMORY_FILE.fullmatch(entry.name)
-        match = ring or cache or _PADDLE_BATCH_FILE.fullmatch(entry.name)
+        ours = _RING_FILE.fullmatch(entry.name) or MEMORY_FILE.fullmatch(entry.name)
+        match = ours or _PADDLE_BATCH_FILE.fullmatch(entry.name)
         if not match:
             continue
         try:
             stat = entry.stat(follow_symlinks=False)
         except OSError:
             continue  # taken meanwhile
-        old_enough = ring or cache or now - stat.st_mtime >= older_than_s
-        if old_enough and not process_alive(int(match.group(1))):
-            stale.sizes[Path(entry.path)] = stat.st_size
+        pid = int(match.group(1))
+        if ours:
+            if _ours_stale(entry, pid, stat.st_mtime, now):
+                stale.sizes[Path(entry.path)] = stat.st_size
+            elif not process_alive(pid):
+                shared = True  # alive, held by a process this namespace cannot see
+        elif now - stat.st_mtime >= older_than_s and not process_alive(pid):
+            paddle.sizes[Path(entry.path)] = stat.st_size
+    if shared and paddle.sizes:
+        log.info(
+            "%s: %d Paddle batch file(s) of processes not visible here kept: this /dev/shm is "
+            "shared with another PID namespace, where they may be alive",
+            path,
+            len(paddle.sizes),
+        )
+    elif paddle.sizes:
+        stale.sizes.update(paddle.sizes)
     return stale
 
 
@@ -173,29 +203,36 @@ def remove_stale_batches(path: str = SHM_PATH, older_than_s: float = STALE_AFTER
     )
 
 
-def stale_state_files(path: str) -> StaleFiles:
+def stale_state_files(path: str, now: float | None = None) -> StaleFiles:
     """The bad-sample counters and in-flight tables (datasets/bad_samples.py,
-    datasets/in_flight.py) in the temp directory whose trainer process is gone. Only their
-    trainer and its workers (which die with it) use them, so a dead creator is enough. A run
-    killed with -9 or crashed leaves them behind: a few KB plus one byte per sample each, which
-    on a host running tests piled up by the hundred. The pid is read in this process's pid
-    namespace, which is the creator's unless two containers share one temp directory; there a
-    live run's file could look stale, so keep TMPDIR per container (Docker's default)."""
+    datasets/in_flight.py) in the temp directory, and memory caches that fell back to it (no
+    /dev/shm), whose run is dead by :func:`_ours_stale`. A run killed with -9 or crashed leaves
+    them behind: a few KB plus one byte per sample each, which on a host running tests piled up
+    by the hundred."""
+    now = time.time() if now is None else now
     stale = StaleFiles({})
     for entry in _scan(path):
-        match = BAD_SAMPLES_FILE.fullmatch(entry.name) or IN_FLIGHT_FILE.fullmatch(entry.name)
-        if match and not process_alive(int(match.group(1))):
-            try:
-                stale.sizes[Path(entry.path)] = entry.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue  # removed meanwhile
+        match = (
+            BAD_SAMPLES_FILE.fullmatch(entry.name)
+            or IN_FLIGHT_FILE.fullmatch(entry.name)
+            or MEMORY_FILE.fullmatch(entry.name)
+        )
+        if not match:
+            continue
+        try:
+            stat = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # removed meanwhile
+        if _ours_stale(entry, int(match.group(1)), stat.st_mtime, now):
+            stale.sizes[Path(entry.path)] = stat.st_size
     return stale
 
 
 def remove_stale_state_files(path: str | None = None) -> int:
     """Delete :func:`stale_state_files`; return the bytes freed (logged when any)."""
     path = tempfile.gettempdir() if path is None else path
-    return _remove(stale_state_files(path), path, "bad-sample counters, in-flight tables")
+    kinds = "bad-sample counters, in-flight tables, data.cache: memory"
+    return _remove(stale_state_files(path), path, kinds)
 
 
 def _scan(path: str) -> list[os.DirEntry]:
