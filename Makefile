@@ -16,7 +16,7 @@ ARGS ?= --overwrite
 IMAGENET_DATA := data/synth_imagenet
 
 .PHONY: setup train-ocr train-resnet50 data test test-torch test-paddle lint format clean-venvs \
-	doctor bench bench-quick containers-ci finetune-ocr
+	doctor bench bench-quick containers-ci finetune-ocr test-quick
 
 setup: .venv-paddle/.installed .venv-torch/.installed
 
@@ -127,6 +127,14 @@ test-torch: .venv-torch/.installed
 test-paddle: .venv-paddle/.installed
 	@echo "test-paddle: $$($(PADDLE) --version) ($(PADDLE))"
 	TEST_FRAMEWORK=paddle $(PADDLE) -m pytest -m "not torch" --durations=20 --junitxml=$(TEST_REPORTS)/paddle.xml $(PYTEST_ARGS)
+
+# The unit tier of both halves, for the inner loop: every test but the measured slow ones
+# (tests/slow_tests.txt, made from make test's reports by python -m tests.tiers).
+test-quick: .venv-torch/.installed .venv-paddle/.installed
+	@status=0; \
+	TEST_FRAMEWORK=torch $(TORCH) -m pytest -q -m "not paddle and not slow" $(PYTEST_ARGS) || status=1; \
+	TEST_FRAMEWORK=paddle $(PADDLE) -m pytest -q -m "not torch and not slow" $(PYTEST_ARGS) || status=1; \
+	exit $$status
 
 # What CI does with containers: start a Docker Engine of its own, build both images on CPU
 # stand-ins of the GPU bases, and run the README's compose commands (needs root; installs

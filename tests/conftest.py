@@ -12,6 +12,7 @@ import pytest
 from datasets.hdf5_images import Hdf5ImageWriter
 from datasets.lmdb_ocr import LmdbOcrWriter
 from datasets.synthetic import LATIN, imagenet_samples, ocr_samples, write_all
+from tests import tiers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +33,10 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             f"TEST_FRAMEWORK={required} but {required} is not importable; " "run make setup"
         )
+    slow = tiers.read_list()  # tests/slow_tests.txt: the measured slow tier (tests/tiers.py)
     for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
         for framework in ("torch", "paddle"):
             if item.get_closest_marker(framework) and importlib.util.find_spec(framework) is None:
                 item.add_marker(pytest.mark.skip(reason=f"needs {framework}"))

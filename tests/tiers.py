@@ -1,0 +1,69 @@
+"""The test tiers: which tests are slow, from measured times.
+
+`make test` runs every test. `make test-quick` runs the unit tier, the tests not listed in
+tests/slow_tests.txt, for the inner loop of an edit: the listed ones are those that took at least
+SLOW_S seconds in a full run (end-to-end trainings in subprocesses, multi-rank launches, real
+servers and containers). conftest.py marks them `slow`. Regenerate the list from the JUnit XML
+files that `make test` writes:
+
+    python -m tests.tiers .cache/test-reports/torch.xml .cache/test-reports/paddle.xml
+
+A new test is in the quick tier until the list is regenerated; the quick tier's own time is
+printed by pytest, and the slowest tests of each half by `make test` (--durations).
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+SLOW_S = 3.0
+LIST = Path(__file__).with_name("slow_tests.txt")
+HEADER = (
+    "# Tests that took >= {slow:g} s in a full `make test` (both halves; seconds, node id):\n"
+    "# `make test-quick` leaves them out. Made by: python -m tests.tiers "
+    ".cache/test-reports/torch.xml .cache/test-reports/paddle.xml\n"
+)
+
+
+def node_id(case: ET.Element) -> str:
+    """pytest's node id of a JUnit testcase (classname tests.test_x[.Class], name test[param])."""
+    parts = case.get("classname", "").split(".")
+    module = "/".join(parts[:2]) + ".py" if len(parts) >= 2 else parts[0]
+    return "::".join([module, *parts[2:], case.get("name", "")])
+
+
+def slow_tests(reports: list[Path], slow_s: float = SLOW_S) -> dict[str, float]:
+    """Node id -> seconds (the longest over the reports) of every test at or over ``slow_s``."""
+    times: dict[str, float] = {}
+    for report in reports:
+        for case in ET.parse(report).iter("testcase"):
+            if case.find("skipped") is not None:
+                continue
+            nid = node_id(case)
+            times[nid] = max(times.get(nid, 0.0), float(case.get("time", 0.0)))
+    return {nid: t for nid, t in sorted(times.items()) if t >= slow_s}
+
+
+def read_list(path: Path = LIST) -> set[str]:
+    if not path.is_file():
+        return set()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    # "<seconds>  <node id>": node ids may hold spaces (parameter ids), so the id comes last.
+    return {line.split(None, 1)[1] for line in lines if line.strip() and line[0] != "#"}
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    slow = slow_tests([Path(a) for a in argv], SLOW_S)
+    body = "".join(f"{t:7.1f}  {nid}\n" for nid, t in slow.items())
+    LIST.write_text(HEADER.format(slow=SLOW_S) + body, encoding="utf-8")
+    print(f"{LIST}: {len(slow)} slow tests, {sum(slow.values()):.0f} s of them")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
