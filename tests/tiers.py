@@ -28,7 +28,7 @@ HEADER = (
 
 
 def node_id(case: ET.Element) -> str:
-    """pytest's node id of a JUnit testcase (classname tests.test_x[.Class], name test[param])."""
+    """pytest's node id of a JUnit testcase (classname: the dotted module, then any class)."""
     parts = case.get("classname", "").split(".")
     module = "/".join(parts[:2]) + ".py" if len(parts) >= 2 else parts[0]
     return "::".join([module, *parts[2:], case.get("name", "")])
