@@ -669,6 +669,100 @@ def test_k8s_scratch_matches_compose(compose, manifests):
             assert empty_dirs == {"/tmp", homes[doc["kind"]]} == scratch, f"{file} {role}"
 
 
+# A run with the training service's writable set only: a private mount namespace whose root is
+# remounted read-only, the service's volumes as writable folders, /tmp and HOME as tmpfs.
+READ_ONLY_RUN = r"""
+set -eu
+mount -t tmpfs -o mode=755 tmpfs /mnt          # mount points for the volumes and HOME
+mkdir -p /mnt/volumes /mnt/home && chmod 1777 /mnt/home
+mount --bind "$VOLUMES" /mnt/volumes
+mount -o remount,bind,ro /
+mount -t tmpfs -o exec,mode=1777 tmpfs /tmp
+if touch "$PWD/.read-only-probe" 2> /dev/null; then echo "root is writable" >&2; exit 99; fi
+exec bash docker/entrypoint.sh train
+"""
+
+
+def can_remount_read_only() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare") or not os.path.isdir("/mnt"):
+        return False
+    probe = ["unshare", "-m", "--propagation", "private", "mount", "-o", "remount,bind,ro", "/"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "name, framework",
+    [
+        pytest.param("train-ocr", "paddle", marks=pytest.mark.paddle),
+        pytest.param("train-resnet50", "torch", marks=pytest.mark.torch),
+    ],
+)
+def test_training_runs_with_a_read_only_root(compose, name, framework, tmp_path, request):
+    """read_only: true holds for training: the entrypoint (doctor, then `train`) with the
+    root filesystem read-only and only what compose gives the service writable: its runs and
+    cache volumes, /tmp and HOME (tmpfs, exec), /dev/shm. A write anywhere else fails the run
+    (EROFS). The run writes to HOME (VisualDL's ~/.visualdl at import, matplotlib's config and
+    cache), which is why HOME is a tmpfs. ~15-25 s each on 2 cores."""
+    pytest.importorskip(framework)
+    if not can_remount_read_only():
+        pytest.skip("needs root and a private mount namespace (unshare -m) to remount / read-only")
+    service = compose["services"][name]
+    home = image_home(service)
+    writable = {m["target"] for m in service.get("volumes", []) if not m.get("read_only")} | set(
+        tmpfs_mounts(service)
+    )
+    assert writable == {"/runs", "/cache", "/tmp", home}, f"{name}: simulate {sorted(writable)}"
+    # The data, written before the root goes read-only; mounted read-only in compose.
+    volumes = tmp_path / "volumes"
+    data = volumes / "data"
+    if framework == "paddle":
+        lmdb = request.getfixturevalue("ocr_lmdb")
+        shutil.copytree(lmdb, data / "train")
+        shutil.copytree(lmdb, data / "val")
+        shutil.copy(lmdb.parent / "charset.txt", data / "charset.txt")
+        roots = {"OCR_DATA_DIR": "/mnt/volumes/data"}
+        config = "configs/ocr/smoke.yaml"
+    else:
+        data.mkdir(parents=True)
+        h5 = request.getfixturevalue("image_h5")
+        shutil.copy(h5, data / "train.h5")
+        shutil.copy(h5, data / "val.h5")
+        roots = {"RESNET50_DATA_DIR": "/mnt/volumes/data"}
+        config = "configs/resnet50/smoke.yaml"
+    env = {
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        "VOLUMES": str(volumes),
+        "HOME": "/mnt/home",  # the image's HOME, a tmpfs in compose
+        "PYTHONDONTWRITEBYTECODE": "1",  # as the images set it
+        "RUNS_ROOT": "/mnt/volumes/runs",
+        "CACHE_ROOT": "/mnt/volumes/cache",
+        "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor",  # as the torch image sets it
+        "CONFIG": config,
+        "DEVICE_ARGS": "--set train.device=cpu --set train.amp=none",
+        "TRAIN_ARGS": "--set train.max_steps=2 --set train.eval_every=2 --set "
+        "train.checkpoint_every=2 --set train.log_every=1 --set optim.warmup_steps=0 "
+        "--set loader.batch_size=8 --set loader.num_workers=1",
+        **roots,
+    }
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "bash", "-c", READ_ONLY_RUN],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    (summary,) = (volumes / "runs").glob("*/summary.json")
+    assert json.loads(summary.read_text())["steps"] == 2, output[-2000:]
+    # Failed writes that do not stop a run: matplotlib falls back to a temporary folder with a
+    # warning; the trainer drops its scalar log when `import visualdl` cannot make ~/.visualdl.
+    assert "Read-only file system" not in output, output[-4000:]
+    scalars = summary.parent / "scalars"
+    assert scalars.is_dir() and any(scalars.iterdir()), f"no dashboard scalars:\n{output[-2000:]}"
+
+
 def test_ci_override_builds_every_image_on_the_host_network(compose_cpu, compose_ci):
     """.ci/compose.yaml merges cleanly and names every service that builds (the fixture runs
     `config` on all three files); its builds differ from the plain ones only in the network."""
