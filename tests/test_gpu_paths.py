@@ -212,7 +212,9 @@ def test_paddle_cpu_rank_under_the_launcher_stays_on_the_cpu(ocr_lmdb, monkeypat
 def test_torch_resume_keeps_adam_step_counts_on_the_cpu(ocr_lmdb, tmp_path, monkeypatch):
     """A checkpoint resumed on a GPU: whatever torch.load maps onto cuda:0 stands in as a
     tensor that says it lives there (a CPU build has no CUDA tensor). Adam's "step" counts must
-    end on the CPU, as torch keeps them, or every step syncs on each one's .item()."""
+    end as plain tensors beside their parameters (here the CPU), where the fused Adam reads them
+    on the device: never counts of an unfused Adam on CUDA, which syncs on each one's .item()
+    every step."""
     torch = pytest.importorskip("torch")
     from torch.utils._pytree import tree_map
 
@@ -238,7 +240,7 @@ def test_torch_resume_keeps_adam_step_counts_on_the_cpu(ocr_lmdb, tmp_path, monk
     for batch in batches:
         backend.train_step(batch)
     steps = [state["step"] for state in backend.optimizer.state.values()]
-    assert steps and all(s.device.type == "cpu" for s in steps)  # where torch keeps them
+    assert steps and all(s.device.type == "cpu" for s in steps)  # with their parameters
     backend.save_state(tmp_path)
 
     monkeypatch.setattr(torch, "load", load)

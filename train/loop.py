@@ -185,7 +185,10 @@ class Run:
         self.open_batches = None  # the training batches, left open by a stop request
         self.resumed_mid_epoch = resume and self.position.epoch_samples > 0
         self.nonfinite_in_a_row = 0  # steps in a row whose loss was NaN/Inf (train.nonfinite)
-        self.loss = None
+        # The steps the backend has queued since check_finite last read them: where each
+        # one's batch ends in this rank's epoch order (host ints, to name a bad batch).
+        self.unread_steps: list[int] = []
+        self.loss: float | None = None  # the last step read's loss
         self.last_eval: dict[str, float] = {}
         self.saved_at = self.evaluated_at = None  # the steps of the last checkpoint, evaluation
         self.telemetry.start_progress(self.total_steps, self.position.step)
@@ -204,31 +207,39 @@ class Run:
         for batch in batches:
             with backend.profile_range("train_step"), out_of_memory_named(backend, "a train step"):
                 batch = faults.before_step(position.step + 1, batch, backend)
-                self.loss = backend.train_step(batch)
+                backend.train_step(batch)  # queued: nothing here waits for the device
             position.step += 1
             position.epoch_samples += self.batch_size * self.dist.world_size
             left -= self.batch_size
-            self.check_finite(read=len(self.sampler) - left)
+            self.unread_steps.append(len(self.sampler) - left)  # where its batch ends
             self.telemetry.step_done(position.step)
-            if position.step % every.log_every == 0:
+            log_now = position.step % every.log_every == 0
+            evaluate_now = bool(every.eval_every and position.step % every.eval_every == 0)
+            save_now = bool(every.checkpoint_every and position.step % every.checkpoint_every == 0)
+            if log_now or evaluate_now or save_now:
+                self.check_finite()  # the window's one read, before anything is saved
+            if log_now:
                 bad = sum(self.data.train.bad_log.epoch_counts().values())
-                loss, lr = backend.to_float(self.loss), backend.current_lr()
-                self.telemetry.log_window(position.step, position.epoch, loss, lr, bad)
-            if every.eval_every and position.step % every.eval_every == 0:
+                lr = backend.current_lr()
+                self.telemetry.log_window(position.step, position.epoch, self.loss, lr, bad)
+            if evaluate_now:
                 self.evaluate()
-            if every.checkpoint_every and position.step % every.checkpoint_every == 0:
+            if save_now:
                 self.save()
             self.stopping = self.stop_agreed or stop_now(
                 self.stop_flag, position.step, every.log_every, self.dist, backend
             )
             if self.stopping:
+                self.check_finite()  # before the stop's checkpoint
                 # Closing the loader waits for its workers to finish their batches (seconds on
                 # slow storage): it stays open until the stop's checkpoint is written.
                 self.open_batches = batches
                 return False
             if position.step >= self.total_steps:
+                self.check_finite()
                 # The last step may also have been the epoch's last batch.
                 return left < self.batch_size
+        self.check_finite()  # the epoch's last steps: their sample positions are this epoch's
         return True
 
     def steps_in_run(self, step_scale: float, epochs_steps: int | None = None) -> int:
@@ -279,42 +290,60 @@ class Run:
             position.epoch_samples,
         )
 
-    def check_finite(self, read: int) -> None:
-        """train.nonfinite: the step just done had a NaN/Inf loss (its update was skipped by
-        the backend, on every rank): abort, or go on until too many in a row. ``read``: this
-        rank's samples read so far in the rest of the epoch, the step's batch the last of them."""
-        if not self.backend.nonfinite_step:
-            self.nonfinite_in_a_row = 0
+    def check_finite(self) -> None:
+        """train.nonfinite over the steps since the last call, whose updates the backend
+        skipped on every rank when their loss or gradients were NaN/Inf: abort, or go on until
+        too many in a row. ONE read of the device (backend.read_steps: each step's loss and
+        flag), once per logging window and before an evaluation, a checkpoint or the end of
+        train_epoch, where the loop waits for the device anyway; not once per step, which left
+        the GPU idle while the host read each step's flag. So an abort comes up to
+        train.log_every - 1 steps after its bad step, naming that step: nothing is lost by the
+        wait, since a bad step changes no weights and nothing after it was saved yet."""
+        reads, self.unread_steps = self.unread_steps, []
+        if not reads:
             return
-        self.nonfinite_in_a_row += 1
-        position, policy = self.position, self.train_cfg
-        samples = self.sampler.positions()[read - self.batch_size : read].tolist()
-        where = (
-            f"step {position.step} (epoch {position.epoch}, this rank's batch of samples {samples})"
-        )
-        if policy.nonfinite == "skip" and self.nonfinite_in_a_row <= policy.nonfinite_max_skips:
-            log.warning(
-                "non-finite loss or gradients at %s: update skipped (%d in a row, "
-                "train.nonfinite_max_skips %d)",
-                where,
-                self.nonfinite_in_a_row,
-                policy.nonfinite_max_skips,
+        rows = self.backend.read_steps()
+        if len(rows) != len(reads):
+            raise RuntimeError(
+                f"the backend read {len(rows)} steps where the loop ran {len(reads)}: every "
+                "train_step must be read by exactly one read_steps()"
             )
-            return
-        problem = (
-            f"the loss or its gradients were not finite (loss {self.backend.to_float(self.loss)}) "
-            f"at {where}"
-            if policy.nonfinite == "abort"
-            else f"{self.nonfinite_in_a_row} steps in a row with a non-finite loss or "
-            f"gradients, the last at {where}"
-        )
-        saved = checkpoint.latest(self.run_dir)
-        raise NonFiniteLossError(
-            f"{problem}; the weights were not updated by it, nor checkpointed (latest "
-            f"checkpoint: {saved}). HINT: lower optim.lr or raise optim.warmup_steps, set "
-            "optim.grad_clip, check that batch with scripts/validate_data.py; "
-            "train.nonfinite: skip steps over rare bad batches"
-        )
+        self.loss = float(rows[-1, 0])
+        position, policy = self.position, self.train_cfg
+        first_step = position.step - len(reads) + 1
+        for index, (loss, nonfinite) in enumerate(rows):
+            if not nonfinite:
+                self.nonfinite_in_a_row = 0
+                continue
+            self.nonfinite_in_a_row += 1
+            read = reads[index]  # this rank's samples read in the epoch, the batch the last
+            samples = self.sampler.positions()[read - self.batch_size : read].tolist()
+            where = (
+                f"step {first_step + index} (epoch {position.epoch}, this rank's batch of "
+                f"samples {samples})"
+            )
+            if policy.nonfinite == "skip" and self.nonfinite_in_a_row <= policy.nonfinite_max_skips:
+                log.warning(
+                    "non-finite loss or gradients at %s: update skipped (%d in a row, "
+                    "train.nonfinite_max_skips %d)",
+                    where,
+                    self.nonfinite_in_a_row,
+                    policy.nonfinite_max_skips,
+                )
+                continue
+            problem = (
+                f"the loss or its gradients were not finite (loss {loss}) at {where}"
+                if policy.nonfinite == "abort"
+                else f"{self.nonfinite_in_a_row} steps in a row with a non-finite loss or "
+                f"gradients, the last at {where}"
+            )
+            saved = checkpoint.latest(self.run_dir)
+            raise NonFiniteLossError(
+                f"{problem}; the weights were not updated by it, nor checkpointed (latest "
+                f"checkpoint: {saved}). HINT: lower optim.lr or raise optim.warmup_steps, set "
+                "optim.grad_clip, check that batch with scripts/validate_data.py; "
+                "train.nonfinite: skip steps over rare bad batches"
+            )
 
     def end_epoch(self) -> None:
         """The epoch's record (bad samples by kind); then, while the run goes on, the epoch's
@@ -431,7 +460,7 @@ class Run:
         self.telemetry.close()
         totals = self.telemetry.totals
         wall = max(totals["wall_s"], 1e-9)
-        loss = self.backend.to_float(self.loss) if self.loss is not None else float("nan")
+        loss = self.loss if self.loss is not None else float("nan")  # read by check_finite
         return {
             "steps": self.position.step,
             "epochs_completed": self.position.epoch,

@@ -12,7 +12,7 @@ The loop calls only these methods, in this order:
     for each epoch:
         for batch in backend.device_batches(train_loader):   # on the device, normalized
             loss = backend.train_step(batch)                  # NOT synchronized
-            backend.to_float(loss)                            # only at log steps (syncs)
+            backend.read_steps()                              # once per log window (syncs)
         backend.predict(batch) / backend.batch_labels(batch)  # evaluation
         backend.prepare_save()                                # every rank, then on rank 0:
         backend.save_state(tmp_dir)                           # checkpoint (atomic rename is ours)
@@ -63,9 +63,6 @@ class Backend(abc.ABC):
     # The exceptions the framework raises when the device (or host) runs out of memory; the
     # loop turns them into train.errors.OutOfMemoryError (exit 9).
     out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)
-    # Whether the last train_step's loss was NaN/Inf on any rank (every rank agrees): that step
-    # then left the weights as they were (the LR schedule still advanced).
-    nonfinite_step: bool = False
 
     def __init__(self, task: str, train) -> None:
         self.task = tasks.get(task)  # what is trained: train/tasks.py
@@ -145,9 +142,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def train_step(self, batch: dict[str, Any]) -> Any:
         """Forward, loss, backward, clip, optimizer and LR-schedule step. Returns the loss as a
-        framework scalar. Before the optimizer step it checks, over all ranks, that the loss is
-        finite (one synchronization per step); when not, it skips the update and sets
-        ``nonfinite_step``, so NaN weights never reach a checkpoint."""
+        framework scalar. Nothing in it waits for the device: whether the loss and gradients
+        are finite on every rank is a device-side flag (all-reduced: every rank agrees), and a
+        step where they are not leaves the weights, the optimizer's state and BatchNorm's
+        statistics as they were on the device (the LR schedule still advances), so NaN weights
+        never reach a checkpoint. The step's loss and flag are kept on the device for
+        read_steps()."""
+
+    @abc.abstractmethod
+    def read_steps(self) -> np.ndarray:
+        """The train_steps since the last call, one row each: (loss, 1.0 if its loss or
+        gradients were NaN/Inf on some rank and its update was skipped, else 0.0), float64
+        [steps, 2]. ONE device-to-host transfer, the only read the steps need: the loop calls
+        it once per logging window (and before an evaluation or checkpoint), not per step."""
 
     @abc.abstractmethod
     def to_float(self, loss: Any) -> float:

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from paddle import _legacy_C_ops
+from paddle.base.layer_helper import LayerHelper
 from paddle.utils import unique_name
 
 from train import weights
@@ -64,6 +66,8 @@ class PaddleBackend(Backend):
         self._stats: tuple[paddle.Tensor, paddle.Tensor] | None = None  # pixel scale, shift
         self._model_spec = None  # train/tasks.py's Model once built: its pixel contract
         self._head = HEADS[self.task.name]  # the task's loss and decoding
+        self._steps_table: paddle.Tensor | None = None  # (loss, nonfinite) per step, on device
+        self._steps_recorded = 0  # its rows since the last read_steps()
 
     # --- process ---------------------------------------------------------------------------
     def init_distributed(self) -> DistInfo:
@@ -269,51 +273,109 @@ class PaddleBackend(Backend):
         # Accumulators are created on the first optimizer step: name them from our generator.
         with self._own_names():
             (loss if self.scaler is None else self.scaler.scale(loss)).backward()
-            self.nonfinite_step = not self._finite_on_all_ranks(loss.detach())
-            if self.nonfinite_step:  # leave the weights, moments and statistics as they were
-                for parameter, before in zip(stats, saved):
-                    parameter.set_value(before)
+            loss = loss.detach()
+            if self.scaler is not None:  # the true gradients are checked, clipped and stepped
+                self.scaler.unscale_(self.optimizer)
+            nonfinite, skip = self._finite_on_all_ranks(loss)
+            self._clip_gradients()
+            # Skipped on the device: a copy of the weights and of the optimizer's state taken
+            # before the step is put back where skip is set. Paddle 2.6's own skip (found_inf
+            # for Adam, SkipUpdate) is a host branch in dygraph, a read per step.
+            state = self._optimizer_state()
+            before = [t.clone() for t in state]
+            if self.scaler is None:
+                self.optimizer.step()
             else:
-                self._clip_gradients()
-                if self.scaler is None:
-                    self.optimizer.step()
-                else:
-                    # step() runs the optimizer unless the gradients overflowed (unscaling them
-                    # first unless _clip_gradients did); update() adapts the scale. Not
-                    # minimize(): Optimizer.minimize walks the parameter list, which holds our
-                    # parameter groups (dicts), and fails with "must be list of Tensor, but got
-                    # dict".
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
+                # fp16: step() skips an overflowed step and update() adapts the scale, both on
+                # the host (Paddle 2.6's dynamic loss scaling reads found_inf each step). Not
+                # minimize(): Optimizer.minimize walks the parameter list, which holds our
+                # parameter groups (dicts), and fails with "must be list of Tensor, but got
+                # dict".
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            with paddle.no_grad():
+                _restore_where(skip, state, before)
+                _restore_where(nonfinite, stats, saved)
         self.optimizer.clear_grad(set_to_zero=False)  # frees the gradients, like set_to_none
         self.scheduler.step()
         self.step += 1
-        return loss.detach()
+        self._record_step(loss, nonfinite)
+        return loss
 
-    def _finite_on_all_ranks(self, loss: paddle.Tensor) -> bool:
-        """Whether the loss, and the gradients unless fp16's scaler watches them (it skips
-        overflowed steps itself), are finite on every rank. The gradients too: CTC's loss over
-        NaN inputs can be finite while its gradients are NaN."""
-        total = loss.astype("float32").reshape([1])
-        if self.scaler is None:
-            grads = [p.grad for p in self._trainable if p.grad is not None]
-            if grads:  # NaN and Inf survive a sum: one reduction instead of one per tensor
-                total = total + paddle.add_n([g.astype("float32").sum() for g in grads])
-        finite = paddle.isfinite(total).astype("float32").reshape([1])
+    def _finite_on_all_ranks(self, loss: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """Whether the loss and the gradients are finite on every rank, as two float32 [1]
+        device flags that nothing here reads (a read would wait for the device every step):
+        ``nonfinite`` (1.0: the loss, or outside fp16 the gradients, were NaN/Inf on some rank:
+        what train.nonfinite counts) and ``skip`` (1.0: leave the weights as they are; also
+        when fp16 gradients overflowed, which the scaler answers with a lower scale and is no
+        error). The gradients too: CTC's loss over NaN inputs can be finite while its gradients
+        are NaN. One multi-tensor check over all gradients (the op GradScaler unscales with,
+        at a scale of 1: finite gradients stay bit for bit), not a reduction per tensor."""
+        bad_loss = paddle.logical_not(paddle.isfinite(loss.astype("float32").reshape([1])))
+        bad_loss = bad_loss.astype("float32")
+        overflow = paddle.zeros([1], dtype="bool")
+        grads = [p.grad for p in self._trainable if p.grad is not None]
+        if grads:
+            one = paddle.ones([1], dtype="float32")
+            _legacy_C_ops.check_finite_and_unscale(grads, one, grads, overflow)
+        overflow = overflow.astype("float32")
+        first = bad_loss if self.scaler is not None else paddle.maximum(bad_loss, overflow)
+        flags = paddle.concat([first, overflow])
         if self.dist.world_size > 1:  # every rank skips or none does (the next step agrees)
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        return bool(finite.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # a collective, not a host read
+        nonfinite = flags[0:1]
+        return nonfinite, paddle.maximum(nonfinite, flags[1:2])
+
+    def _optimizer_state(self) -> list[paddle.Tensor]:
+        """The tensors a step changes on the device: the trainable weights and the optimizer's
+        accumulators (made here before the first step, so that it too can be undone). Paddle
+        2.6 keeps Adam's beta powers on the host when training on a GPU (one float each, the
+        step count of its bias correction): those a skipped step advances, as if it counted
+        (restoring them would need the flag on the host); on the CPU they are restored too."""
+        optimizer = self.optimizer
+        block = paddle.static.default_main_program().global_block()
+        if optimizer.helper is None:  # Optimizer._apply_optimize's, made at its first step
+            optimizer.helper = LayerHelper(type(optimizer).__name__)
+        for group in optimizer._param_groups:  # as Optimizer._apply_optimize makes them
+            params = [p for p in group["params"] if not p.stop_gradient]
+            optimizer._create_accumulators(block, {**group, "params": params})
+        on_gpu = self.gpu_id is not None
+        accumulators = [
+            t
+            for by_param in optimizer._accumulators.values()
+            for t in by_param.values()
+            if t.place.is_gpu_place() == on_gpu
+        ]
+        return [*self._trainable, *accumulators]
+
+    def _record_step(self, loss: paddle.Tensor, nonfinite: paddle.Tensor) -> None:
+        """Append (loss, nonfinite) to the device-side table read_steps() hands over; it
+        doubles when full (rows are written on the device: no host read)."""
+        rows = self._steps_table
+        if rows is None or self._steps_recorded == rows.shape[0]:
+            grown = paddle.zeros([max(64, 2 * self._steps_recorded), 2], dtype="float32")
+            if rows is not None:
+                grown[: rows.shape[0]] = rows
+            self._steps_table = rows = grown
+        row = paddle.concat([loss.astype("float32").reshape([1]), nonfinite])
+        rows[self._steps_recorded] = row
+        self._steps_recorded += 1
+
+    def read_steps(self) -> np.ndarray:
+        recorded, self._steps_recorded = self._steps_recorded, 0
+        if not recorded:
+            return np.zeros((0, 2))
+        return np.array(self._steps_table[:recorded].tolist(), np.float64)  # the one read
 
     def _clip_gradients(self) -> None:
         """optim.grad_clip: scale the gradients so that the norm of all of them together is at
         most grad_clip, as torch's clip_grad_norm_. Not the optimizer's grad_clip: with
         parameter groups, Paddle 2.6 applies it per group (Optimizer._apply_optimize), clipping
-        the decayed and the undecayed parameters each to the full norm. Under fp16 the scaled
-        gradients are unscaled first: the limit is on the true ones."""
+        the decayed and the undecayed parameters each to the full norm. Under fp16 train_step
+        has unscaled the gradients first: the limit is on the true ones. Nothing is read on
+        the host (clip_grad_norm_'s error_if_nonfinite would)."""
         if self.grad_clip is None:
             return
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
         paddle.nn.utils.clip_grad_norm_(self._trainable, self.grad_clip)
 
     def to_float(self, loss: Any) -> float:
@@ -494,6 +556,14 @@ def _set_flags_that_exist(**flags: Any) -> None:
             paddle.set_flags({name: value})
         except ValueError:
             log.debug("this Paddle build has no %s; not set", name)
+
+
+def _restore_where(flag: paddle.Tensor, tensors: list, copies: list) -> None:
+    """Each tensor back to its copy where ``flag`` (a [1] device tensor) is 1, on the device:
+    paddle.assign, not set_value, which goes through a host array."""
+    keep = flag.astype("bool")
+    for tensor, copy in zip(tensors, copies):
+        paddle.assign(paddle.where(keep, copy, tensor), output=tensor)
 
 
 def _make_optimizer(net: paddle.nn.Layer, optim, schedule) -> paddle.optimizer.Optimizer:

@@ -63,6 +63,8 @@ class TorchBackend(Backend):
         self._layout = torch.contiguous_format  # the batches' (and weights') memory format
         self._rank_rng_states: list[dict[str, Any]] | None = None  # gathered by prepare_save
         self._head = HEADS[self.task.name]  # the task's loss and decoding
+        self._steps_table: torch.Tensor | None = None  # (loss, nonfinite) per step, on device
+        self._steps_recorded = 0  # its rows since the last read_steps()
 
     # --- process ---------------------------------------------------------------------------
     def init_distributed(self) -> DistInfo:
@@ -274,46 +276,87 @@ class TorchBackend(Backend):
 
     def train_step(self, batch: dict[str, Any]) -> torch.Tensor:
         self._set_training(True)
-        # The forward pass updates BatchNorm's running statistics before the loss is known:
-        # kept, so that a NaN/Inf step can put them back (a copy of a few KB to MB per step).
-        stats = [b for b in self.net.buffers() if b.is_floating_point()]
-        saved = [b.detach().clone() for b in stats]
+        # The forward pass updates BatchNorm's running statistics (and its batch counts)
+        # before the loss is known: kept in one flat copy per dtype (a kernel each, a few KB to
+        # MB), so that a NaN/Inf step can put them back on the device.
+        buffers = _by_dtype(self.net.buffers())
+        saved = [torch.cat([b.detach().reshape(-1) for b in group]) for group in buffers]
         with self.profile_range("forward"), self._autocast():
             scores = self.model(batch["image"])
         loss = self._head.loss(scores.float(), batch)  # losses in float32 whatever the autocast
         self.optimizer.zero_grad(set_to_none=True)
         with self.profile_range("backward"):
             self.scaler.scale(loss).backward()
-        self.nonfinite_step = not self._finite_on_all_ranks(loss.detach())
-        if self.nonfinite_step:  # NaN gradients too: leave the weights and moments as they are
-            self.optimizer.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for buffer, before in zip(stats, saved):
-                    buffer.copy_(before)
-            self.scheduler.step()
-            return loss.detach()
+        loss = loss.detach()
         with self.profile_range("optimizer"):
-            if self.grad_clip is not None:
-                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
-                nn.utils.clip_grad_norm_(self.net.parameters(), self.grad_clip)
-            self.scaler.step(self.optimizer)  # skipped when fp16 gradients overflowed
-            self.scaler.update()
+            # fp16: the true gradients are checked, clipped and stepped (unscale_ also records
+            # the overflow check that scaler.update() adapts the scale by).
+            self.scaler.unscale_(self.optimizer)  # a no-op unless fp16
+            nonfinite, skip = self._finite_on_all_ranks(loss)
+            self._clip_gradients()
+            # Skipped on the device: the fused optimizers leave the weights, moments and step
+            # counts as they were where found_inf is 1 (as GradScaler has them do), so no host
+            # branch waits for the flag.
+            self.optimizer.found_inf = skip
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+            self.scaler.update()  # fp16: a lower scale after an overflow, as always
             self.scheduler.step()
-        return loss.detach()
+        for group, before in zip(buffers, saved):  # NaN/Inf step: as before its forward
+            now = torch.cat([b.reshape(-1) for b in group])
+            kept = torch.where(nonfinite.bool(), before, now).split([b.numel() for b in group])
+            torch._foreach_copy_(group, [k.view_as(b) for k, b in zip(kept, group)])
+        self._record_step(loss, nonfinite)
+        return loss
 
-    def _finite_on_all_ranks(self, loss: torch.Tensor) -> bool:
-        """Whether the loss, and the gradients unless fp16's scaler watches them (it skips
-        overflowed steps itself), are finite on every rank. The gradients too: a loss can be
-        finite over NaN inputs (Paddle's CTC) while its gradients are not."""
-        total = loss.float()
-        if not self.scaler.is_enabled():
-            grads = [p.grad for p in self.net.parameters() if p.grad is not None]
-            if grads:  # NaN and Inf survive a sum: one reduction instead of one per tensor
-                total = total + torch.stack([g.sum() for g in grads]).sum()
-        finite = torch.isfinite(total).to(torch.float32)
+    def _finite_on_all_ranks(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whether the loss and the gradients are finite on every rank, as two float32 0-d
+        device flags that nothing here reads (a read would wait for the device every step):
+        ``nonfinite`` (1.0: the loss, or outside fp16 the gradients, were NaN/Inf on some rank:
+        what train.nonfinite counts) and ``skip`` (1.0: leave the weights as they are; also
+        when fp16 gradients overflowed, the scaler's usual skip, which it answers with a lower
+        scale and which is no error). The gradients too: a loss can be finite over NaN inputs
+        (Paddle's CTC) while its gradients are not. One multi-tensor check over all gradients
+        (the kernel GradScaler uses, with a scale of 1: the gradients stay bit for bit), not a
+        reduction per tensor."""
+        bad_loss = (~torch.isfinite(loss.float())).to(torch.float32)
+        overflow = torch.zeros((), dtype=torch.float32, device=loss.device)
+        grads = [p.grad for p in self.net.parameters() if p.grad is not None]
+        if grads:
+            one = torch.ones((), dtype=torch.float32, device=loss.device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, overflow, one)
+        fp16 = self.scaler.is_enabled()
+        flags = torch.stack([bad_loss if fp16 else torch.maximum(bad_loss, overflow), overflow])
         if self.dist.world_size > 1:  # every rank skips or none does (DDP's next step agrees)
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        return bool(finite.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # a collective, not a host read
+        nonfinite = flags[0]
+        return nonfinite, torch.maximum(nonfinite, flags[1])
+
+    def _clip_gradients(self) -> None:
+        """optim.grad_clip: scale the gradients so that the norm of all of them together is at
+        most grad_clip (one multi-tensor norm on the GPU; nothing read on the host)."""
+        if self.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.net.parameters(), self.grad_clip)
+
+    def _record_step(self, loss: torch.Tensor, nonfinite: torch.Tensor) -> None:
+        """Append (loss, nonfinite) to the device-side table read_steps() hands over; it
+        doubles when full (rows are written on the device: no host read)."""
+        rows = self._steps_table
+        if rows is None or self._steps_recorded == rows.shape[0]:
+            grown = torch.zeros((max(64, 2 * self._steps_recorded), 2), device=loss.device)
+            if rows is not None:
+                grown[: rows.shape[0]] = rows
+            self._steps_table = rows = grown
+        rows[self._steps_recorded] = torch.stack([loss.float(), nonfinite])
+        self._steps_recorded += 1
+
+    def read_steps(self) -> np.ndarray:
+        recorded, self._steps_recorded = self._steps_recorded, 0
+        if not recorded:
+            return np.zeros((0, 2))
+        return np.array(self._steps_table[:recorded].tolist(), np.float64)  # the one read
 
     def to_float(self, loss: Any) -> float:
         return float(loss.item())
@@ -503,20 +546,50 @@ def cuda_facts() -> FrameworkCuda:
     )
 
 
+def _by_dtype(tensors: Iterator[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The tensors grouped by dtype (each group concatenates into one flat tensor)."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(tensor.dtype, []).append(tensor)
+    return list(groups.values())
+
+
 def _make_optimizer(net: nn.Module, optim) -> torch.optim.Optimizer:
     """optim is a train.config.OptimConfig; weight decay by train/schedule.py's rule (none on
-    1-D parameters), as in the Paddle backend."""
+    1-D parameters), as in the Paddle backend. Fused (one kernel per step on CUDA and CPU):
+    only the fused optimizers skip a step on the device when found_inf is set (train_step)."""
     params = weight_decay_groups(net.parameters(), optim.weight_decay)
     if optim.name == "sgd":
-        return torch.optim.SGD(
+        optimizer = torch.optim.SGD(
             params,
             lr=optim.lr,
             momentum=optim.momentum,
             nesterov=False,
             weight_decay=optim.weight_decay,
+            fused=True,
         )
-    optimizer_class = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
-    return optimizer_class(params, lr=optim.lr, weight_decay=optim.weight_decay)
+        if optim.momentum:
+            # Fused SGD's first step would make its buffers with empty_like and, skipped,
+            # leave them uninitialized for the next; zeros give the same first update
+            # (momentum * 0 + gradient).
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    optimizer.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
+    else:
+        optimizer_class = torch.optim.Adam if optim.name == "adam" else torch.optim.AdamW
+        optimizer = optimizer_class(
+            params, lr=optim.lr, weight_decay=optim.weight_decay, fused=True
+        )
+    optimizer.register_load_state_dict_pre_hook(_load_as_fused)
+    return optimizer
+
+
+def _load_as_fused(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's parameter groups replace the optimizer's, flags included: keep them
+    fused (a checkpoint of the unfused optimizers would otherwise turn the device-side skip
+    off), which also puts Adam's step counts on the parameters' device, as fused needs."""
+    groups = [{**group, "fused": True, "foreach": None} for group in state["param_groups"]]
+    return {**state, "param_groups": groups}
 
 
 def _rng_state(device: torch.device) -> dict[str, Any]:
