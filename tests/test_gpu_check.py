@@ -1,9 +1,11 @@
-"""scripts/gpu_check.sh --dry-run: the GPU check's code paths on the CPU, so it cannot rot before
-a GPU runs it. It prints one JSON object; every key the GPU run prints is there and every check
-is "ok" (docs/first_gpu_run.md says what each one means).
+"""scripts/gpu_check.sh setup --dry-run and run --dry-run: the GPU check's code paths on the CPU,
+so they cannot rot before a GPU runs them. Each prints one JSON object (and writes it, with a
+Markdown table, into its work folder); every key the GPU run prints is there, null where the CPU
+cannot measure it, and every check is "ok" (docs/first_gpu_run.md says what each one means).
 
 The dry-run uses both venvs itself (.venv-torch and .venv-paddle, as make setup leaves them), so
-it runs once per `make test`: in the torch half, skipped in the Paddle half.
+it runs once per `make test`: in the torch half, skipped in the Paddle half. The plan's pure
+parts (which Paddle build a GPU gets, the sampler's figures) are tested in both halves.
 """
 
 from __future__ import annotations
@@ -12,9 +14,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from scripts.gpu_check import plan as plan_module
+from scripts.gpu_check.sampler import summarize_samples
+from scripts.gpu_check.setup import paddle_order
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PYTHONS = [ROOT / ".venv-torch" / "bin" / "python", ROOT / ".venv-paddle" / "bin" / "python"]
@@ -24,7 +31,7 @@ IN_PADDLE_HALF = os.environ.get("TEST_FRAMEWORK") == "paddle" or (
     and Path(sys.prefix).resolve() == (ROOT / ".venv-paddle").resolve()
 )
 
-pytestmark = [
+dry_run = [
     pytest.mark.skipif(bool(MISSING), reason=f"needs both venvs (make setup): {MISSING} missing"),
     pytest.mark.skipif(
         IN_PADDLE_HALF, reason="runs once, in the torch half of make test (it uses both venvs)"
@@ -33,12 +40,14 @@ pytestmark = [
 
 TOP_KEYS = {
     "schema",
+    "command",
     "mode",
     "ok",
     "started_at",
     "elapsed_s",
     "budget_s",
     "work_dir",
+    "report_md",
     "host",
     "torch_build",
     "paddle_build",
@@ -46,28 +55,36 @@ TOP_KEYS = {
     "summary",
     "script_error",
 }
-CHECKS = [
-    "setup.torch",
-    "setup.paddle",
-    "configs",
-    "data",
-    "smoke.paddle.ocr",
-    "smoke.torch.resnet50",
+SETUP_CHECKS = ["setup.torch", "setup.paddle", "configs", "data"]
+RUN_CHECKS = [
+    "throughput.synthetic",
+    "throughput.loader.w8",
+    "prefetcher.off",
+    "compile.torch.resnet50",
+    "compile.paddle.ocr",
+    "throughput.paddle.ocr.ring_on",
+    "throughput.paddle.ocr.ring_off",
     *(
         f"amp.{framework}.{task}.{dtype}"
         for framework in ("paddle", "torch")
         for task in ("ocr", "resnet50")
         for dtype in ("fp16", "bf16")
     ),
-    "throughput.synthetic",
-    *(f"throughput.loader.w{n}" for n in (1, 2, 4, 8)),
-    "prefetcher.on",
+    "smoke.torch.resnet50",
+    "smoke.paddle.ocr",
+    "finetune.paddle.ppocrv4",
+    "dist.torch.gloo2",
+]
+THROUGHPUT = [
+    "throughput.loader.w8",
     "prefetcher.off",
-    "compile.paddle.ocr",
-    "compile.torch.resnet50",
+    "throughput.paddle.ocr.ring_on",
+    "throughput.paddle.ocr.ring_off",
 ]
 PADDLE_BUILD_KEYS = {
     "ran",
+    "order",
+    "chosen_by",
     "version",
     "compiled_with_cuda",
     "cuda",
@@ -80,48 +97,125 @@ PADDLE_BUILD_KEYS = {
     "note",
 }
 HOST_KEYS = {"python", "cpus", "gpu", "driver", "cuda_driver", "compute_capability"}
+NVML_KEYS = {"busy_pct_median", "busy_pct_max", "mem_mib_median", "mem_mib_max", "samples"}
 
 
-@pytest.fixture(scope="module")
-def report() -> dict:
-    # Its own temporary work folder (data, checkpoints): removed when every check passed, kept
-    # (path in the JSON's work_dir) when one did not.
+def gpu_check(*args: str, timeout: float) -> tuple[dict, float]:
+    started = time.monotonic()
     result = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--dry-run"],
+        ["bash", "scripts/gpu_check.sh", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=timeout,
     )
+    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-4000:]
     try:
-        return json.loads(result.stdout)  # one JSON object and nothing else on stdout
+        return json.loads(result.stdout), elapsed  # one JSON object and nothing else on stdout
     except ValueError as error:
         raise AssertionError(f"stdout is not one JSON object: {result.stdout[-2000:]}") from error
 
 
-def test_dry_run_prints_every_key_and_every_check_ok(report):
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict:
+    """setup --dry-run, setup --dry-run again (everything in place), run --dry-run: one work
+    folder (data, setup state, checkpoints, the reports)."""
+    work = tmp_path_factory.mktemp("gpu-check")
+    setup, _ = gpu_check("setup", "--dry-run", "--work-dir", str(work), timeout=300)
+    again, again_s = gpu_check("setup", "--dry-run", "--work-dir", str(work), timeout=120)
+    run, _ = gpu_check("run", "--dry-run", "--work-dir", str(work), timeout=600)
+    return {"setup": setup, "again": again, "again_s": again_s, "run": run, "work": work}
+
+
+def assert_all_ok(report: dict, names: list[str]) -> None:
     assert set(report) >= TOP_KEYS, TOP_KEYS - set(report)
-    assert report["schema"] == "gpu_check/1"
+    assert report["schema"] == "gpu_check/2"
     assert report["mode"] == "dry-run"
     assert report["script_error"] is None
-    assert list(report["checks"]) == CHECKS
+    assert list(report["checks"]) == names
     not_ok = {name: check for name, check in report["checks"].items() if check["status"] != "ok"}
     assert not not_ok, json.dumps(not_ok, indent=2)[-4000:]
     assert report["ok"] is True
-    assert report["work_dir"] is None  # removed after a clean run
-    assert set(report["paddle_build"]) >= PADDLE_BUILD_KEYS
-    assert report["paddle_build"]["ran"]
-    assert set(report["host"]) >= HOST_KEYS
-    summary = report["summary"]
-    assert summary["failed"] == [] and summary["skipped"] == []
+    assert report["summary"]["failed"] == [] and report["summary"]["skipped"] == []
 
 
-def test_dry_run_checks_say_what_they_measured(report):
-    checks = report["checks"]
+@dry_run[0]
+@dry_run[1]
+def test_setup_dry_run_probes_both_builds_and_a_second_call_reuses_everything(reports):
+    setup = reports["setup"]
+    assert setup["command"] == "setup"
+    assert_all_ok(setup, SETUP_CHECKS)
+    assert set(setup["paddle_build"]) >= PADDLE_BUILD_KEYS and setup["paddle_build"]["ran"]
+    assert setup["paddle_build"]["chosen_by"]
+    assert set(setup["host"]) >= HOST_KEYS
+    for name in ("setup.torch", "setup.paddle"):
+        # the probe's real training step (conv, BatchNorm, backward, Adam) ran with the ops
+        assert setup["checks"][name]["ops"]["train_step"] == "ok", setup["checks"][name]
     # Every command line of the GPU plan too went through the config loader.
-    assert checks["configs"]["plans"] == ["gpu", "dry-run"] and checks["configs"]["validated"] > 0
-    for name in ("smoke.paddle.ocr", "smoke.torch.resnet50"):
+    configs = setup["checks"]["configs"]
+    assert configs["plans"] == ["gpu", "dry-run"] and configs["validated"] > 0
+    assert setup["checks"]["data"]["written"] == "now"
+    again = reports["again"]
+    assert_all_ok(again, SETUP_CHECKS)
+    assert again["setup_reused"] and reports["again_s"] < 30, reports["again_s"]
+    work = reports["work"]
+    assert (work / "gpu_check.setup.json").is_file() and (work / "gpu_check.setup.md").is_file()
+
+
+@dry_run[0]
+@dry_run[1]
+def test_run_dry_run_prints_every_figure_and_every_check_ok(reports):
+    report = reports["run"]
+    assert report["command"] == "run"
+    assert_all_ok(report, SETUP_CHECKS + RUN_CHECKS)
+    checks, summary = report["checks"], report["summary"]
+    # The JSON and the table beside it, written after every check and at the end.
+    work = reports["work"]
+    written = json.loads((work / "gpu_check.run.json").read_text())
+    assert written["checks"] == checks
+    table = (work / "gpu_check.run.md").read_text()
+    assert report["report_md"] == str(work / "gpu_check.run.md")
+    for name in RUN_CHECKS:
+        assert f"| {name} | ok |" in table
+    plan = plan_module.DRY_PLAN
+    synthetic = checks["throughput.synthetic"]
+    assert synthetic["images_per_s"] > 0 and synthetic["measured_steps"] == plan.measure_steps
+    for name in THROUGHPUT:
+        check = checks[name]
+        assert check["samples_per_s"] > 0 and 0 <= check["data_wait_fraction"] <= 1, check
+        assert check["measured_steps"] >= plan.measure_steps, check  # after the warm-up window
+        assert check["warmup_steps"] == plan.warmup_steps
+        assert check["epochs"] == [0], check  # the window never crossed an epoch end
+    # the 10 Hz GPU sampler: a figure per run, null without a GPU
+    for name in RUN_CHECKS:
+        assert "nvml" in checks[name] and checks[name]["nvml"] is None, name
+    assert checks["throughput.loader.w8"]["vs_synthetic"] > 0
+    assert summary["prefetcher"]["knob"] == "loader.device_prefetch"
+    assert summary["prefetcher"]["on"] > 0 and summary["prefetcher"]["off"] > 0
+    assert summary["batch_ring"]["knob"] == "loader.batch_ring"
+    assert summary["batch_ring"]["on_over_off"] > 0
+    assert checks["throughput.paddle.ocr.ring_on"]["batch_ring"] is True
+    assert checks["throughput.paddle.ocr.ring_off"]["batch_ring"] is False
+    for name in ("compile.paddle.ocr", "compile.torch.resnet50"):
+        compiled = checks[name]
+        for leg in ("off", "on"):
+            assert compiled[leg]["measured_steps"] >= plan.measure_steps, compiled
+            assert compiled[leg]["step_s"] > 0 and compiled[leg]["epochs"] == [0], compiled
+        assert compiled["compile_s"] is not None and compiled["step_off_over_on"] > 0
+    # The compilers and Python.h were looked for; Paddle's to_static really runs on the CPU,
+    # torch's inductor compile would take minutes (tests/test_compile.py runs it).
+    assert "missing" in checks["compile.torch.resnet50"]["toolchain"]
+    assert checks["compile.paddle.ocr"]["engaged"] is True
+    assert checks["compile.torch.resnet50"]["engaged"] is False
+    for name in RUN_CHECKS:
+        if name.startswith("amp."):
+            amp = checks[name]
+            assert amp["loss_finite"] is True and amp["steps"] >= 1, amp
+            assert amp["amp_active"] is False  # the CPU trains in float32 and says so
+            assert "loss_scale" in amp and amp["loss_scale"] is None  # no enabled scaler
+    assert set(summary["loss_scale"]) == {n for n in RUN_CHECKS if n.endswith(".fp16")}
+    for name in ("smoke.torch.resnet50", "smoke.paddle.ocr"):
         smoke = checks[name]
         first, total = smoke["steps"]
         assert smoke["device"] == "cpu"
@@ -130,29 +224,49 @@ def test_dry_run_checks_say_what_they_measured(report):
         assert smoke["resumed_from_step"] == first
         assert smoke["first_step_after_resume"] > first
         assert smoke["checkpoint_final"] == f"step-{total:08d}"
-    for name in CHECKS:
-        if name.startswith("amp."):
-            amp = checks[name]
-            assert amp["loss_finite"] is True and amp["steps"] >= 1, amp
-            assert amp["amp_active"] is False  # the CPU trains in float32 and says so
-    assert checks["throughput.synthetic"]["images_per_s"] > 0
-    for workers in ("1", "2", "4", "8"):
-        loader = report["summary"]["images_per_s"]["loader"][workers]
-        assert loader["samples_per_s"] > 0
-        assert 0 <= loader["data_wait_fraction"] <= 1
-        assert loader["vs_synthetic"] > 0
-    prefetcher = report["summary"]["prefetcher"]
-    assert prefetcher["knob"] == "loader.device_prefetch"  # off: the same run with it false
-    assert prefetcher["on"] > 0 and prefetcher["off"] > 0 and prefetcher["note"]
-    for name in ("compile.paddle.ocr", "compile.torch.resnet50"):
-        compiled = checks[name]
-        for leg in ("off", "on"):
-            assert compiled[leg]["steps"] >= 2 and compiled[leg]["step_s"] > 0, compiled
-        assert compiled["compile_s"] is not None and compiled["step_off_over_on"] > 0
-    # Paddle's to_static really runs on the CPU; torch's inductor compile would take minutes.
-    assert checks["compile.paddle.ocr"]["engaged"] is True
-    assert checks["compile.torch.resnet50"]["engaged"] is False
-    assert set(report["summary"]["compile"]) == {"paddle.ocr", "torch.resnet50"}
-    memory = report["summary"]["peak_gpu_memory_mb"]
+        # resumed at `first` and run to `total` ends where the straight run does
+        resume = smoke["resume_loss"]
+        assert resume["step"] == total and resume["matches"] is True, resume
+        assert summary["resume_loss"][name] == resume
+    finetune = checks["finetune.paddle.ppocrv4"]
+    assert finetune["steps"] == plan.finetune_steps and finetune["export_ok"] is True
+    assert "inference.pdmodel" in finetune["export_files"], finetune
+    dist = checks["dist.torch.gloo2"]
+    assert dist["world_size"] == 2 and dist["backend"] == "gloo"
+    assert dist["param_max_diff"] == 0 and dist["loss_fell"] is True
+    memory = summary["peak_gpu_memory_mb"]
     assert set(memory) == {"torch", "paddle", "by_check"}
     assert memory["torch"] is None and memory["paddle"] is None  # no GPU in a dry-run
+
+
+def test_paddle_build_follows_the_compute_capability(monkeypatch):
+    monkeypatch.delenv("GPU_CHECK_PADDLE_BUILDS", raising=False)
+    order, why = paddle_order("9.0")  # Hopper: sm_90 kernels only in the CUDA 12 builds
+    assert order == ["cu120", "cu118"] and "9.0" in why
+    assert paddle_order("10.0")[0] == ["cu120", "cu118"]
+    assert paddle_order("8.9")[0] == ["cu118", "cu120"]  # Ada: the image's 11.8 build
+    assert paddle_order(None)[0] == ["cu118", "cu120"]
+    monkeypatch.setenv("GPU_CHECK_PADDLE_BUILDS", "cu118")
+    assert paddle_order("9.0") == (["cu118"], "GPU_CHECK_PADDLE_BUILDS")
+
+
+def test_gpu_plan_measures_every_throughput_figure_inside_one_epoch():
+    plan = plan_module.GPU_PLAN
+    assert plan.measure_steps >= 96
+    assert plan.images_train // plan.bench_batch >= plan.bench_steps  # ResNet runs
+    train_lines = plan.ocr_lines - max(8, plan.ocr_lines // 10)
+    assert train_lines // plan.ocr_bench_batch >= plan.bench_steps  # Paddle OCR runs
+    assert plan.budget_s <= 420 and plan.setup_budget_s <= 300
+
+
+def test_sampler_figures_leave_out_the_idle_start_and_end():
+    text = "0, 500\n0, 600\n90, 9000\n100, 9100\n80, 9050\n0, 700\n"
+    figures = summarize_samples(text)
+    assert figures == {
+        "busy_pct_median": 90.0,
+        "busy_pct_max": 100.0,
+        "mem_mib_median": 9050.0,
+        "mem_mib_max": 9100.0,
+        "samples": 3,
+    }
+    assert summarize_samples("")["samples"] == 0

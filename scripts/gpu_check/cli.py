@@ -1,6 +1,8 @@
-"""The command line (``bash scripts/gpu_check.sh [--dry-run] [--work-dir DIR] [--keep]``): picks
-the plan and the work folder, runs the checks under the budget and prints the one JSON object.
-Exit 0: every check ran; 3: the budget left some skipped; 1: the script broke; 130: interrupted.
+"""The command line (``bash scripts/gpu_check.sh {setup,run} [--dry-run] [--work-dir DIR]
+[--keep]``; no command: setup, then run): picks the plan and the work folder, runs the command's
+checks under its budget, writes the JSON and the Markdown table after every check and prints the
+JSON. Exit 0: every check ran; 3: some were skipped (the budget, or a missing prerequisite such
+as a compiler: each says why); 1: the script broke or `run` found no setup; 130: interrupted.
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 
 from . import __doc__ as PACKAGE_DOC
 from .context import Context
-from .orchestrate import orchestrate
-from .plan import DRY_PLAN, GPU_PLAN, ROOT, Plan
-from .report import skeleton, summarize
-from .util import START, clean, say
+from .orchestrate import orchestrate_run, orchestrate_setup
+from .plan import DRY_PLAN, GPU_PLAN, ROOT, SETUP_CHECKS, Plan, check_names
+from .report import markdown, skeleton, summarize
+from .util import clean, say
 
 # --help: the package's docstring, without its list of modules.
 DESCRIPTION = PACKAGE_DOC.split("\nModules (")[0]
@@ -38,6 +41,13 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
+        "command",
+        nargs="?",
+        choices=("setup", "run"),
+        help="setup: install and probe the venvs, write the data (at most 5 minutes; a second "
+        "call returns in seconds); run: the measurements (at most 7 minutes). Neither: both",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="the same checks on the CPU with tiny step counts, using the "
@@ -46,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--work-dir",
         type=Path,
-        help="data, runs and logs (default: runs/gpu-check; dry-run: a temporary "
+        help="data, runs, logs and the reports (default: runs/gpu-check; dry-run: a temporary "
         "folder, removed when every check passed)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the dry-run's work folder")
@@ -55,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
 
 def work_dir(args: argparse.Namespace) -> tuple[Path, bool]:
     """The work folder, and whether it is a temporary one (the dry-run's default). A given or
-    default folder keeps its data; its earlier results are removed."""
+    default folder keeps its data and setup state; `run` removes earlier runs."""
     temporary = args.work_dir is None and args.dry_run
     if args.work_dir is not None:
         work = args.work_dir.resolve()
@@ -63,45 +73,102 @@ def work_dir(args: argparse.Namespace) -> tuple[Path, bool]:
         work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     else:
         work = ROOT / "runs" / "gpu-check"
-    if work.exists() and not temporary:
-        for sub in ("logs", "stats", "runs"):  # the data is reused; results start over
-            shutil.rmtree(work / sub, ignore_errors=True)
     return work, temporary
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     plan = DRY_PLAN if args.dry_run else GPU_PLAN
-    budget = float(os.environ.get("GPU_CHECK_BUDGET_S", plan.budget_s))
     work, temporary = work_dir(args)
-    report = skeleton(plan, work)
-    report["budget_s"] = budget
-    code = run(report, plan, work, budget)
-    report["elapsed_s"] = round(time.monotonic() - START, 1)
-    if temporary and report["ok"] and not args.keep:
+    commands = [args.command] if args.command else ["setup", "run"]
+    code = 0
+    for command in commands:
+        code = one_command(command, plan, work)
+        if code == 130:
+            break  # interrupted
+    if temporary and code == 0 and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-        report["work_dir"] = None
-    print(json.dumps(clean(report), indent=2, allow_nan=False), flush=True)
-    summary = report["summary"]
-    say(
-        f"done in {report['elapsed_s']} s: ok={report['ok']}, failed={summary.get('failed')}, "
-        f"skipped={summary.get('skipped')}"
-    )
     return code
 
 
-def run(report: dict, plan: Plan, work: Path, budget: float) -> int:
-    """Every check into ``report``, then its summary; the exit code. SIGTERM stops it as Ctrl-C
-    does; either way every child still running is killed."""
+def one_command(command: str, plan: Plan, work: Path) -> int:
+    if command == "setup":
+        budget = float(os.environ.get("GPU_CHECK_SETUP_BUDGET_S", plan.setup_budget_s))
+        names = SETUP_CHECKS
+    else:
+        budget = float(os.environ.get("GPU_CHECK_BUDGET_S", plan.budget_s))
+        names = check_names()
+        for sub in ("runs", "export"):  # the runs start over; data, setup's logs stay
+            shutil.rmtree(work / sub, ignore_errors=True)
+    started = time.monotonic()
+    report = skeleton(plan, work, command, names)
+    report["budget_s"] = budget
+    paths = (work / f"gpu_check.{command}.json", work / f"gpu_check.{command}.md")
+    report["report_md"] = str(paths[1])
+    code = run(report, command, plan, work, budget, paths, started)
+    report["elapsed_s"] = round(time.monotonic() - started, 1)
+    write(report, paths)
+    print(json.dumps(clean(report), indent=2, allow_nan=False), flush=True)
+    summary = report["summary"]
+    say(
+        f"{command} done in {report['elapsed_s']} s: ok={report['ok']}, "
+        f"failed={summary.get('failed')}, skipped={summary.get('skipped')}"
+    )
+    say(f"{command}: JSON {paths[0]}, table {paths[1]}")
+    return code
+
+
+_write_lock = threading.Lock()
+
+
+def write(report: dict, paths: tuple[Path, Path]) -> None:
+    """The JSON and the Markdown table as they stand (after every check, and at the end)."""
+    with _write_lock:
+        with contextlib.suppress(Exception):
+            summarize(report)
+        paths[0].parent.mkdir(parents=True, exist_ok=True)
+        for path, text in (
+            (paths[0], json.dumps(clean(report), indent=2, allow_nan=False)),
+            (paths[1], markdown(report)),
+        ):
+            partial = path.with_suffix(path.suffix + ".partial")
+            partial.write_text(text, encoding="utf-8")
+            partial.replace(path)
+
+
+def run(
+    report: dict,
+    command: str,
+    plan: Plan,
+    work: Path,
+    budget: float,
+    paths: tuple[Path, Path],
+    started: float,
+) -> int:
+    """The command's checks into ``report``, then its summary; the exit code. SIGTERM stops it
+    as Ctrl-C does; either way every child still running is killed."""
     code = 0
     ctx = None
     signal.signal(signal.SIGTERM, _interrupted)
+
+    def publish() -> None:
+        report["elapsed_s"] = round(time.monotonic() - started, 1)
+        write(report, paths)
+
     try:
         ctx = Context(plan, work, budget)
-        orchestrate(report, ctx)
+        ctx.publish = publish
+        (orchestrate_setup if command == "setup" else orchestrate_run)(report, ctx)
         summarize(report)
-        if report["summary"]["skipped"]:
+        statuses = [c["status"] for c in report["checks"].values()]
+        if command == "run" and report["checks"]["setup.torch"].get("error", "").startswith(
+            "no setup state"
+        ):
+            code = 1
+        elif "skipped" in statuses:
             code = 3
+        elif command == "setup" and "error" in statuses:
+            code = 1
     except KeyboardInterrupt:
         report["script_error"] = "interrupted (SIGINT or SIGTERM)"
         code = 130

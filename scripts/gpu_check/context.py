@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .plan import ROOT, Plan
-from .util import START, error_text, marked, read_json
+from .sampler import GpuSampler
+from .util import error_text, marked, read_json
 
 PACKAGE = Path(__file__).resolve().parent  # run as `python scripts/gpu_check _helper ...`
 # The scenario files' container roots: a child gets none of them, its paths are explicit here.
@@ -32,6 +33,7 @@ class RunResult:
     output: str
     stats: dict = field(default_factory=dict)
     timeout_s: float = 0.0
+    nvml: dict | None = None  # the 10 Hz GPU sampler's figures (sampler.py); None: not sampled
 
     @property
     def ok(self) -> bool:
@@ -53,12 +55,13 @@ class Context:
     def __init__(self, plan: Plan, work: Path, budget_s: float) -> None:
         self.plan = plan
         self.work = work
-        self.deadline = START + budget_s
+        self.deadline = time.monotonic() + budget_s  # each command (setup, run) has its own
         self.budget_s = budget_s
         self.python: dict[str, str | None] = {"torch": None, "paddle": None}
         self.env: dict[str, dict[str, str]] = {"torch": {}, "paddle": {}}
         self.setup_error: dict[str, str] = {}
         self.stopping = False  # interrupted: start nothing more
+        self.publish = lambda: None  # writes the report so far (orchestrate sets it)
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         for sub in ("logs", "stats", "runs", "data"):
@@ -84,9 +87,11 @@ class Context:
         env: dict[str, str] | None = None,
         timeout_s: float | None = None,
         reserve_s: float = 20.0,
+        sample_gpu: bool = False,
     ) -> RunResult:
         """Run ``cmd`` from the repository root, output to logs/NAME.log; kill it (and its
-        process group) past its timeout, which never reaches past the budget."""
+        process group) past its timeout, which never reaches past the budget. ``sample_gpu``:
+        the GPU's busy share and memory at 10 Hz while it runs (GPU mode; None in the dry-run)."""
         if self.stopping:
             raise OutOfTime("interrupted")
         left = self.remaining()
@@ -107,9 +112,17 @@ class Context:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-            rc = self._wait(proc, timeout)
+            sampler = GpuSampler(self.work / "stats" / f"{name}.nvml.csv") if sample_gpu else None
+            if sampler is not None and self.plan.gpu:
+                sampler.start()
+            try:
+                rc = self._wait(proc, timeout)
+            finally:
+                nvml = sampler.stop() if sampler is not None else None
         output = log_path.read_text(encoding="utf-8", errors="replace")
-        return RunResult(rc, time.monotonic() - started, log_path, output, timeout_s=timeout)
+        result = RunResult(rc, time.monotonic() - started, log_path, output, timeout_s=timeout)
+        result.nvml = nvml
+        return result
 
     def _wait(self, proc: subprocess.Popen, timeout: float) -> int | None:
         """The child's exit code; None when it ran past ``timeout`` (then its process group is
@@ -135,6 +148,7 @@ class Context:
         timeout_s: float | None = None,
         stats: bool = False,
         env: dict[str, str] | None = None,
+        sample_gpu: bool = False,
     ) -> RunResult:
         """Run a helper command of this package (helpers.py) in ``framework``'s venv (plus
         ``env``)."""
@@ -142,17 +156,22 @@ class Context:
         if python is None:
             raise RuntimeError(f"setup.{framework} failed: {self.setup_error.get(framework, '?')}")
         stats_path = self.work / "stats" / f"{name}.json"
+        stats_path.unlink(missing_ok=True)  # a child killed before it wrote leaves none
         extra = ["--stats", str(stats_path)] if stats else []
         cmd = [python, str(PACKAGE), args[0], *extra, *args[1:]]
-        result = self.spawn(name, cmd, {**self.env[framework], **(env or {})}, timeout_s)
+        result = self.spawn(
+            name, cmd, {**self.env[framework], **(env or {})}, timeout_s, sample_gpu=sample_gpu
+        )
         result.stats = read_json(stats_path) if stats else marked(result.output)
         return result
 
     def train(
         self, name: str, framework: str, train_args: list[str], env: dict[str, str] | None = None
     ) -> RunResult:
-        """``python -m train TRAIN_ARGS`` in the framework's venv, through ``_train``."""
-        return self.helper(name, framework, ["_train", "--", *train_args], stats=True, env=env)
+        """``python -m train TRAIN_ARGS`` in the framework's venv, through ``_train``, with the
+        GPU sampled."""
+        args = ["_train", "--", *train_args]
+        return self.helper(name, framework, args, stats=True, env=env, sample_gpu=True)
 
 
 def child_env(env: dict[str, str] | None) -> dict[str, str]:

@@ -1,11 +1,15 @@
 """The ``_probe`` helper (runs in a framework's venv): the framework build and a few ops on the
 device, each on its own so that the first failing one names the library (elementwise, matmul:
-cuBLAS, conv2d: cuDNN, LSTM and CTC loss: what the CRNN uses).
+cuBLAS, conv2d: cuDNN, LSTM and CTC loss: what the CRNN uses), then a real training step:
+conv, BatchNorm in training mode, a linear head, the backward pass and an Adam step (the kernels
+a build can lack while its forward ops run: cuDNN's backward convolutions, BatchNorm's backward,
+the fused optimizer update).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
 from .util import emit, short_error
 
@@ -120,6 +124,32 @@ def _torch_ops(torch, device) -> dict[str, str]:
         lengths = torch.full((2,), 10, dtype=torch.long, device=device)
         float(F.ctc_loss(log_probs, targets, lengths, torch.tensor([2, 2], device=device)))
 
+    def train_step():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8, 4),
+        ).to(device)
+        net.train()
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+        images = torch.randn(8, 3, 16, 16, device=device)
+        labels = torch.randint(0, 4, (8,), device=device)
+        before = net[0].weight.detach().clone()
+        losses = []
+        for _ in range(2):
+            loss = F.cross_entropy(net(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss))
+        assert all(math.isfinite(x) for x in losses), losses
+        assert bool((net[0].weight != before).any()), "Adam did not change the weights"
+        assert float(net[1].running_mean.abs().sum()) > 0, "BatchNorm's running mean did not move"
+
     return _run_ops(
         [
             ("elementwise", elementwise),
@@ -127,6 +157,7 @@ def _torch_ops(torch, device) -> dict[str, str]:
             ("conv2d", conv2d),
             ("lstm", lstm),
             ("ctc_loss", ctc),
+            ("train_step", train_step),
         ]
     )
 
@@ -163,6 +194,31 @@ def _paddle_ops(paddle) -> dict[str, str]:
         )
         float(loss)
 
+    def train_step():
+        paddle.seed(0)
+        net = paddle.nn.Sequential(
+            paddle.nn.Conv2D(3, 8, 3, padding=1),
+            paddle.nn.BatchNorm2D(8),
+            paddle.nn.ReLU(),
+            paddle.nn.AdaptiveAvgPool2D(1),
+            paddle.nn.Flatten(),
+            paddle.nn.Linear(8, 4),
+        )
+        net.train()
+        optimizer = paddle.optimizer.Adam(learning_rate=1e-2, parameters=net.parameters())
+        images, labels = paddle.randn([8, 3, 16, 16]), paddle.randint(0, 4, [8])
+        before = net[0].weight.numpy().copy()
+        losses = []
+        for _ in range(2):
+            loss = F.cross_entropy(net(images), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.clear_grad()
+            losses.append(float(loss))
+        assert all(math.isfinite(x) for x in losses), losses
+        assert (net[0].weight.numpy() != before).any(), "Adam did not change the weights"
+        assert float(net[1]._mean.abs().sum()) > 0, "BatchNorm's running mean did not move"
+
     return _run_ops(
         [
             ("elementwise", elementwise),
@@ -170,5 +226,6 @@ def _paddle_ops(paddle) -> dict[str, str]:
             ("conv2d", conv2d),
             ("lstm", lstm),
             ("ctc_loss", ctc),
+            ("train_step", train_step),
         ]
     )

@@ -1,9 +1,10 @@
 """The helper commands, which the orchestrator runs as children in a framework's venv
 (``python scripts/gpu_check _NAME ...``): ``_probe`` (device_probe.py), ``_configs`` (command
 lines through the config loader), ``_data`` (synthetic datasets), ``_train`` (``python -m train``
-plus peak device memory) and ``_synthetic`` (ResNet-50 steps on random device tensors). Each
-answers in a stats file or one ``GPU-CHECK`` line. Framework and project imports happen inside
-them, in the venv.
+plus peak device memory and, for fp16, the loss scale), ``_synthetic`` (ResNet-50 steps on random
+device tensors), ``_toolchain`` (what torch.compile needs) and ``_ranks`` (one rank of the
+two-rank gloo run, under torchrun). Each answers in a stats file or one ``GPU-CHECK`` line.
+Framework and project imports happen inside them, in the venv.
 """
 
 from __future__ import annotations
@@ -73,36 +74,52 @@ def helper_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_ocr(ocr: Path, lines: int) -> None:
-    """charset.txt and the train and val LMDBs (a tenth of the lines, at least 8, for val)."""
-    from datasets.lmdb_ocr import LmdbOcrWriter
-    from datasets.synthetic import ocr_charset, ocr_samples, write_all
+def _ocr_chunk(job: tuple[int, int]) -> list:
+    from datasets.synthetic import ocr_charset, ocr_samples
 
+    count, seed = job
     charset, font = ocr_charset("digits")
+    return list(ocr_samples(count, charset, font, seed, max_len=6))
+
+
+def _chunks(count: int, seed: int, size: int) -> list[tuple[int, int]]:
+    """(count, seed) jobs of ``size`` samples each: one seed per chunk, the same for any pool."""
+    return [(min(size, count - start), seed + start) for start in range(0, count, size)]
+
+
+def _pool():
+    import multiprocessing
+
+    return multiprocessing.get_context("fork").Pool(max(1, min(16, os.cpu_count() or 1)))
+
+
+def _write_ocr(ocr: Path, lines: int) -> None:
+    """charset.txt and the train and val LMDBs (a tenth of the lines, at least 8, for val), the
+    lines drawn by a pool of processes in chunks of 500."""
+    from datasets.lmdb_ocr import LmdbOcrWriter
+    from datasets.synthetic import ocr_charset, write_all
+
+    charset, _ = ocr_charset("digits")
     ocr.mkdir(parents=True, exist_ok=True)
     (ocr / "charset.txt").write_text("".join(c + "\n" for c in charset), encoding="utf-8")
     val_lines = max(8, lines // 10)
-    for split, count, seed in (("train", lines - val_lines, 0), ("val", val_lines, 1)):
-        samples = ocr_samples(count, charset, font, seed, max_len=6)
-        write_all(LmdbOcrWriter(ocr / split, overwrite=True), samples)
+    with _pool() as pool:
+        for split, count, seed in (("train", lines - val_lines, 0), ("val", val_lines, 1_000_003)):
+            rows = (
+                row for part in pool.imap(_ocr_chunk, _chunks(count, seed, 500)) for row in part
+            )
+            write_all(LmdbOcrWriter(ocr / split, overwrite=True), rows)
 
 
 def _write_images(imagenet: Path, train: int, val: int, classes: int) -> None:
     """train.h5 and val.h5, their JPEGs drawn by a pool of processes in chunks of 32."""
-    import multiprocessing
-
     from datasets.hdf5_images import Hdf5ImageWriter
     from datasets.synthetic import write_all
 
     names = [f"class_{i:04d}" for i in range(classes)]
-    chunk = 32
-    processes = max(1, min(8, (os.cpu_count() or 1)))
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
+    with _pool() as pool:
         for split, count, seed in (("train", train, 0), ("val", val, 1_000_003)):
-            jobs = [
-                (min(chunk, count - start), classes, seed + start)
-                for start in range(0, count, chunk)
-            ]
+            jobs = [(n, classes, s) for n, s in _chunks(count, seed, 32)]
             writer = Hdf5ImageWriter(imagenet / f"{split}.h5", names, overwrite=True)
             rows = (sample for part in pool.imap(_imagenet_chunk, jobs) for sample in part)
             write_all(
@@ -137,6 +154,7 @@ def helper_train(args: argparse.Namespace) -> int:
     _project_path()
     stats: dict = {}
     code: int | str | None = 0
+    scales = _record_loss_scale(args.train_args) if os.environ.get("GPU_CHECK_LOSS_SCALE") else None
     try:
         sys.argv = ["python -m train", *args.train_args]
         runpy.run_module("train", run_name="__main__", alter_sys=True)
@@ -150,11 +168,149 @@ def helper_train(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             stats["device"], stats["peak_mem_mb"] = _peak_memory_mb()
         stats["exit"] = code
+        if scales is not None:
+            stats["loss_scale"] = _scale_trajectory(scales)
         Path(args.stats).write_text(json.dumps(stats, default=str))
     if isinstance(code, str):
         print(code, file=sys.stderr)
         return 1
     return int(code or 0)
+
+
+def _record_loss_scale(train_args: list[str]) -> list[float]:
+    """After each update of an enabled GradScaler (the framework's class, patched in this
+    process before the run imports it), its scale: the fp16 loss-scale trajectory. Reading it
+    waits for the device once per step: only the AMP checks, which are not timed, ask for it."""
+    scales: list[float] = []
+    if "framework=paddle" in train_args:
+        import paddle
+
+        scaler_class = paddle.amp.GradScaler
+
+        def current(scaler):
+            return float(scaler._scale) if scaler.is_enable() else None
+    else:
+        import torch
+
+        scaler_class = torch.amp.GradScaler
+
+        def current(scaler):
+            return float(scaler.get_scale()) if scaler.is_enabled() else None
+
+    update = scaler_class.update
+
+    def recording_update(self, *args, **kwargs):
+        result = update(self, *args, **kwargs)
+        with contextlib.suppress(Exception):  # telemetry never ends the run
+            value = current(self)
+            if value is not None:
+                scales.append(value)
+        return result
+
+    scaler_class.update = recording_update
+    return scales
+
+
+def _scale_trajectory(scales: list[float]) -> dict | None:
+    """The loss scale after each update, as its changes: [update number, scale] at the first
+    update and at every change; None when no enabled scaler ran (the CPU)."""
+    if not scales:
+        return None
+    changes = [[1, scales[0]]]
+    for number, (before, after) in enumerate(zip(scales, scales[1:]), start=2):
+        if after != before:
+            changes.append([number, after])
+    return {
+        "source": "GradScaler.update",
+        "updates": len(scales),
+        "changes": changes,
+        "final": scales[-1],
+    }
+
+
+def helper_toolchain(args: argparse.Namespace) -> int:
+    """What torch.compile needs here, as the torch backend checks it: a C++ compiler (inductor's
+    CPU kernels), a C compiler (Triton's CUDA launcher), Python.h of this venv's Python."""
+    import shutil
+    import sysconfig
+
+    cxx = os.environ.get("CXX", "g++")
+    c_compilers = [os.environ["CC"]] if os.environ.get("CC") else ["gcc", "clang"]
+    cc = next((shutil.which(c) for c in c_compilers if shutil.which(c)), None)
+    include = Path(sysconfig.get_path("include"))
+    found = {
+        "cxx": shutil.which(cxx),
+        "cc": cc,
+        "python_h": str(include / "Python.h") if (include / "Python.h").is_file() else None,
+    }
+    missing = []
+    if found["cxx"] is None:
+        missing.append(f"a C++ compiler ({cxx})")
+    if found["cc"] is None:
+        missing.append(f"a C compiler ({' or '.join(c_compilers)})")
+    if found["python_h"] is None:
+        missing.append(f"Python's headers ({include}/Python.h)")
+    emit({**found, "missing": missing})
+    return 0
+
+
+def helper_ranks(args: argparse.Namespace) -> int:
+    """One rank of the two-rank run (under torchrun): DistributedDataParallel over gloo on the
+    one GPU (or the CPU), a small conv net with BatchNorm, Adam, each rank on its own batches.
+    Rank 0 writes whether the ranks ended with equal parameters, the loss and the step time."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    gpu = args.device == "gpu"
+    if gpu:
+        torch.cuda.set_device(0)
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts them too)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16, 4),
+    ).to(device)
+    model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[0] if gpu else None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
+    images = torch.randn(16, 3, 32, 32, generator=generator).to(device)
+    labels = torch.randint(0, 4, (16,), generator=generator).to(device)
+    losses = []
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    step_s = (time.perf_counter() - started) / args.steps
+    flat = torch.cat([p.detach().flatten() for p in net.parameters()]).cpu()
+    gathered = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    if rank == 0:
+        stats = {
+            "world_size": world,
+            "backend": dist.get_backend(),
+            "device": f"cuda:0 ({torch.cuda.get_device_name(0)})" if gpu else "cpu",
+            "steps": args.steps,
+            "loss_first": losses[0],
+            "loss_last": losses[-1],
+            "loss_fell": losses[-1] < losses[0],
+            "param_max_diff": max(float((g - gathered[0]).abs().max()) for g in gathered),
+            "step_s": step_s,
+        }
+        Path(args.stats).write_text(json.dumps(stats))
+    dist.destroy_process_group()
+    return 0
 
 
 def _make_backend(config):
@@ -248,6 +404,11 @@ def helper_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("_train")
     p.add_argument("--stats", required=True)
     p.add_argument("train_args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("_toolchain")
+    p = sub.add_parser("_ranks")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--device", choices=("gpu", "cpu"), required=True)
     p = sub.add_parser("_synthetic")
     p.add_argument("--stats", required=True)
     p.add_argument("--config", required=True)
@@ -271,5 +432,7 @@ def helper_main(argv: list[str]) -> int:
         "_data": helper_data,
         "_train": helper_train,
         "_synthetic": helper_synthetic,
+        "_toolchain": helper_toolchain,
+        "_ranks": helper_ranks,
     }
     return handlers[args.command](args)

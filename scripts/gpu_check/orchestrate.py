@@ -1,42 +1,54 @@
-"""The order of the checks: set-up of both venvs, configs and data, then phase A (smoke and AMP
-runs, several at once) and phase B (throughput, one run at a time). ``run_check`` turns whatever
-a check raises into its JSON entry; a check whose prerequisite failed is marked an error.
+"""The order of the checks. ``setup``: both venvs (installed, probed on the device), every
+command line through the config loader, the data; what it found is kept in a state file that
+``run`` reads. ``run``: the timed checks one at a time, most important first (synthetic ceiling,
+the loader at 8 workers, the prefetcher off, train.compile, the Paddle batch ring), then the
+correctness runs several at once (AMP, smoke with resume, PP-OCRv4 fine-tune and export, two
+gloo ranks). ``run_check`` turns whatever a check raises into its JSON entry and has the report
+written after every check; a check whose prerequisite failed is marked an error.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
+import json
+import threading
 import traceback
+from pathlib import Path
 
 from .checks import (
     check_amp,
     check_compile,
     check_configs,
     check_data,
+    check_dist,
+    check_finetune,
     check_loader,
+    check_ring,
     check_smoke,
     check_synthetic,
 )
 from .context import Context, OutOfTime
-from .plan import AMP_DTYPES, COMPILE_RUNS, FRAMEWORKS, TASKS, WORKER_COUNTS, check_names
+from .plan import (
+    AMP_DTYPES,
+    COMPILE_RUNS,
+    FRAMEWORKS,
+    RING_LEGS,
+    SETUP_CHECKS,
+    TASKS,
+    check_names,
+    run_checks,
+)
 from .report import host_facts
-from .setup import SetupError, setup_paddle, setup_torch
+from .setup import CACHE, SetupError, setup_paddle, setup_torch
 from .util import say, tail
 
-# What prefetcher.on copies from the widest loader run (it is that run).
-PREFETCH_ON_KEYS = (
-    "status",
-    "samples_per_s",
-    "data_wait_fraction",
-    "workers",
-    "device",
-    "error",
-    "reason",
-)
+_lock = threading.Lock()
 
 
 def run_check(report: dict, ctx: Context, name: str, func, *args) -> dict:
-    """Run one check; whatever it raises becomes its error, and past the budget it is skipped."""
+    """Run one check; whatever it raises becomes its error, and past the budget it is skipped.
+    The report is written after it, whatever happened."""
     say(f"{name}: start")
     try:
         result = func(ctx, *args)
@@ -48,44 +60,122 @@ def run_check(report: dict, ctx: Context, name: str, func, *args) -> dict:
             "error": f"{type(error).__name__}: {error}",
             "traceback": tail(traceback.format_exc(), 8),
         }
-    report["checks"][name] = result
+    with _lock:
+        report["checks"][name] = result
     say(
-        f"{name}: {result['status']}" + (f" ({result.get('error')})" if result.get("error") else "")
+        f"{name}: {result['status']}"
+        + (f" ({result.get('error') or result.get('reason')})" if result["status"] != "ok" else "")
     )
+    ctx.publish()
     return result
 
 
 def blocked(report: dict, names: list[str], reason: str) -> None:
     for name in names:
-        report["checks"][name] = {"status": "error", "error": reason}
+        if report["checks"].get(name, {}).get("status") in (None, "skipped"):
+            report["checks"][name] = {"status": "error", "error": reason}
 
 
-def orchestrate(report: dict, ctx: Context) -> None:
+def needs(name: str) -> str:
+    """The framework venv a check needs: paddle or torch (configs and data run in torch's)."""
+    return "paddle" if ".paddle." in name else "torch"
+
+
+# --- setup --------------------------------------------------------------------------------------
+
+
+def state_path(ctx: Context) -> Path:
+    """Where setup leaves what it found: beside the venvs (GPU), in the work folder (dry-run)."""
+    return (CACHE if ctx.plan.gpu else ctx.work) / "setup.json"
+
+
+def _venv_stamp(python: str | None) -> str | None:
+    """The install stamp of the venv ``python`` belongs to (ensure_installed writes it)."""
+    if python is None:
+        return None
+    stamp = Path(python).parent.parent / ".gpu-check-installed"
+    return stamp.read_text().strip() if stamp.is_file() else "no stamp"
+
+
+def _reusable(ctx: Context, state: dict) -> bool:
+    """Whether an earlier setup's state still holds: the same mode and work folder, every
+    setup check ok, the venvs' pythons there with the same install stamps."""
+    if state.get("mode") != ("gpu" if ctx.plan.gpu else "dry-run"):
+        return False
+    if state.get("work_dir") != str(ctx.work):
+        return False
+    if any(state.get("checks", {}).get(n, {}).get("status") != "ok" for n in SETUP_CHECKS):
+        return False
+    for framework in FRAMEWORKS:
+        python = state.get("python", {}).get(framework)
+        if not python or not Path(python).exists():
+            return False
+        if state.get("stamps", {}).get(framework) != _venv_stamp(python):
+            return False
+    return (ctx.work / "data" / "sizes.json").is_file()
+
+
+def _restore(report: dict, ctx: Context, state: dict) -> None:
+    for key in ("host", "torch_build", "paddle_build"):
+        report[key] = state[key]
+    for name in SETUP_CHECKS:
+        report["checks"][name] = state["checks"][name]
+    ctx.python.update(state["python"])
+    ctx.env.update(state["env"])
+    ctx.setup_error.update(state.get("setup_error", {}))
+
+
+def orchestrate_setup(report: dict, ctx: Context) -> None:
+    """Install and probe both venvs (at once: the downloads overlap), then configs and the data
+    in the torch venv. A second call finds the state file and returns in seconds."""
+    path = state_path(ctx)
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        state = {}
+    if state and _reusable(ctx, state):
+        _restore(report, ctx, state)
+        report["setup_reused"] = str(path)
+        say(f"setup: everything in place ({path}); nothing to do")
+        return
     report["host"] = host_facts(ctx.plan)
+    capability = report["host"].get("compute_capability")
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    try:
+        torch_side = pool.submit(_torch_side, report, ctx)
+        paddle_side = pool.submit(run_setup_paddle, report, ctx, capability)
+        torch_side.result()
+        paddle_side.result()
+    except BaseException:
+        ctx.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+    state = {
+        "mode": report["mode"],
+        "work_dir": str(ctx.work),
+        "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **{key: report[key] for key in ("host", "torch_build", "paddle_build")},
+        "checks": {name: report["checks"][name] for name in SETUP_CHECKS},
+        "python": ctx.python,
+        "env": ctx.env,
+        "setup_error": ctx.setup_error,
+        "stamps": {fw: _venv_stamp(ctx.python[fw]) for fw in FRAMEWORKS},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(state, indent=2, default=str))
+    report["setup_state"] = str(path)
+
+
+def _torch_side(report: dict, ctx: Context) -> None:
+    """setup.torch, then (it needs the torch venv) configs and data."""
     run_setup_torch(report, ctx)
-    run_setup_paddle(report, ctx)
-    if ctx.python["torch"] is None:  # the data and every torch check need the torch venv
+    if ctx.python["torch"] is None:
         reason = f"setup.torch failed: {ctx.setup_error['torch']}"
-        blocked(report, [n for n in check_names()[2:] if ".paddle." not in n], reason)
-        blocked(
-            report,
-            [n for n in check_names() if ".paddle." in n],
-            f"no data (the data check runs in the torch venv): {reason}",
-        )
+        blocked(report, ["configs", "data"], reason)
         return
     run_check(report, ctx, "configs", check_configs)
-    if run_check(report, ctx, "data", check_data)["status"] != "ok":
-        names = check_names()
-        blocked(report, names[names.index("data") + 1 :], "no data: the data check failed")
-        return
-    if ctx.python["paddle"] is None:
-        blocked(
-            report,
-            [n for n in check_names() if ".paddle." in n],
-            f"setup.paddle failed: {ctx.setup_error['paddle']}",
-        )
-    run_phase_a(report, ctx)
-    run_phase_b(report, ctx)
+    run_check(report, ctx, "data", check_data)
 
 
 def run_setup_torch(report: dict, ctx: Context) -> None:
@@ -107,12 +197,13 @@ def run_setup_torch(report: dict, ctx: Context) -> None:
     if torch_result["status"] != "ok":
         ctx.python["torch"] = None
         ctx.setup_error["torch"] = torch_result.get("error") or torch_result.get("reason", "")
+    ctx.publish()
 
 
-def run_setup_paddle(report: dict, ctx: Context) -> None:
+def run_setup_paddle(report: dict, ctx: Context, capability: str | None) -> None:
     """setup.paddle (its attempts go into paddle_build); on failure no Paddle check can run."""
     try:
-        paddle_result = setup_paddle(ctx, report["paddle_build"])
+        paddle_result = setup_paddle(ctx, report["paddle_build"], capability)
     except OutOfTime as error:
         paddle_result = {"status": "skipped", "reason": str(error)}
     except Exception as error:
@@ -122,21 +213,83 @@ def run_setup_paddle(report: dict, ctx: Context) -> None:
     if paddle_result["status"] != "ok":
         ctx.python["paddle"] = None
         ctx.setup_error["paddle"] = paddle_result.get("error") or paddle_result.get("reason", "")
+    ctx.publish()
 
 
-def run_phase_a(report: dict, ctx: Context) -> None:
-    """Phase A: smoke and AMP runs, several at once (each is small; none is timed)."""
-    jobs: list[tuple] = []
-    for framework, task in (("paddle", "ocr"), ("torch", "resnet50")):
-        if ctx.python[framework]:
-            jobs.append((f"smoke.{framework}.{task}", check_smoke, framework, task))
+# --- run ----------------------------------------------------------------------------------------
+
+
+def load_setup(report: dict, ctx: Context) -> bool:
+    """The setup state into ``report`` and ``ctx``; False (every check then an error) when
+    there is none. The dry-run, whose setup takes seconds, sets up here instead."""
+    path = state_path(ctx)
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        state = {}
+    if state and state.get("mode") == report["mode"] and state.get("work_dir") == str(ctx.work):
+        _restore(report, ctx, state)
+        report["setup_state"] = str(path)
+        return True
+    if not ctx.plan.gpu:
+        say("run --dry-run: no setup state in the work folder; setting up first (no installs)")
+        orchestrate_setup(report, ctx)
+        return True
+    reason = f"no setup state at {path}: run `bash scripts/gpu_check.sh setup` first"
+    blocked(report, check_names(), reason)
+    return False
+
+
+def orchestrate_run(report: dict, ctx: Context) -> None:
+    if not load_setup(report, ctx):
+        return
+    checks = report["checks"]
+    data_there = (ctx.work / "data" / "sizes.json").is_file()
+    if (checks["data"]["status"] != "ok" or not data_there) and ctx.python["torch"] is not None:
+        run_check(report, ctx, "data", check_data)  # cut short in setup, or the folder went
     for framework in FRAMEWORKS:
-        if ctx.python[framework]:
-            for task in TASKS:
-                for dtype in AMP_DTYPES:
-                    jobs.append(
-                        (f"amp.{framework}.{task}.{dtype}", check_amp, framework, task, dtype)
-                    )
+        if ctx.python[framework] is None:
+            reason = f"setup.{framework} failed: {ctx.setup_error.get(framework)}"
+            blocked(report, [n for n in run_checks() if needs(n) == framework], reason)
+    if checks["data"]["status"] != "ok":
+        blocked(report, run_checks(), "no data: the data check failed")
+        return
+    timed(report, ctx)
+    correctness(report, ctx)
+
+
+def _ready(report: dict, name: str) -> bool:
+    """Not already failed for want of its venv or the data."""
+    return report["checks"][name]["status"] == "skipped"
+
+
+def timed(report: dict, ctx: Context) -> None:
+    """The throughput checks, one at a time: nothing else on the GPU or the CPUs."""
+    order = [
+        ("throughput.synthetic", check_synthetic, ()),
+        (run_checks()[1], check_loader, ()),
+        ("prefetcher.off", check_loader, (True,)),
+        *((f"compile.{fw}.{task}", check_compile, (fw, task)) for fw, task in COMPILE_RUNS),
+        *((f"throughput.paddle.ocr.ring_{leg}", check_ring, (leg,)) for leg in RING_LEGS),
+    ]
+    for name, func, args in order:
+        if _ready(report, name):
+            run_check(report, ctx, name, func, *args)
+
+
+def correctness(report: dict, ctx: Context) -> None:
+    """AMP, smoke with resume, the PP-OCRv4 fine-tune and export, two gloo ranks: none is
+    timed, so several run at once (started in this order while the budget lasts)."""
+    jobs: list[tuple] = []
+    for framework in FRAMEWORKS:
+        for task in TASKS:
+            for dtype in AMP_DTYPES:
+                jobs.append((f"amp.{framework}.{task}.{dtype}", check_amp, framework, task, dtype))
+    for framework, task in (("torch", "resnet50"), ("paddle", "ocr")):
+        jobs.append((f"smoke.{framework}.{task}", check_smoke, framework, task))
+    jobs.append(("finetune.paddle.ppocrv4", check_finetune))
+    jobs.append(("dist.torch.gloo2", check_dist))
+    jobs = [job for job in jobs if _ready(report, job[0])]
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=ctx.plan.jobs)
     try:
         futures = [
@@ -149,22 +302,3 @@ def run_phase_a(report: dict, ctx: Context) -> None:
         raise
     finally:
         pool.shutdown(wait=True)
-
-
-def run_phase_b(report: dict, ctx: Context) -> None:
-    """Phase B: throughput, one run at a time, nothing else on the GPU or the CPUs."""
-    run_check(report, ctx, "throughput.synthetic", check_synthetic)
-    for workers in WORKER_COUNTS:
-        run_check(report, ctx, f"throughput.loader.w{workers}", check_loader, workers)
-    widest = report["checks"][f"throughput.loader.w{WORKER_COUNTS[-1]}"]
-    report["checks"]["prefetcher.on"] = {
-        **{k: widest.get(k) for k in PREFETCH_ON_KEYS if k in widest},
-        "engaged": ctx.plan.gpu,
-        "run": f"throughput.loader.w{WORKER_COUNTS[-1]}",
-    }
-    off = run_check(report, ctx, "prefetcher.off", check_loader, WORKER_COUNTS[-1], True)
-    off["engaged"] = False
-    for framework, task in COMPILE_RUNS:  # timed too: one at a time, last (the least needed)
-        name = f"compile.{framework}.{task}"
-        if ctx.python[framework]:
-            run_check(report, ctx, name, check_compile, framework, task)

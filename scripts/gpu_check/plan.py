@@ -6,46 +6,66 @@ only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-SCHEMA = "gpu_check/1"
+SCHEMA = "gpu_check/2"
 TASKS = ("ocr", "resnet50")
 FRAMEWORKS = ("paddle", "torch")
 AMP_DTYPES = ("fp16", "bf16")
-WORKER_COUNTS = (1, 2, 4, 8)
-# train.compile, measured off and on: the Paddle OCR smoke config and torch's single_gpu ResNet-50
-COMPILE_RUNS = (("paddle", "ocr"), ("torch", "resnet50"))
+LOADER_WORKERS = 8  # the loader throughput run and the prefetcher-off run
+# train.compile, measured off and on: torch's single_gpu ResNet-50 and the Paddle OCR smoke config
+COMPILE_RUNS = (("torch", "resnet50"), ("paddle", "ocr"))
+RING_LEGS = ("on", "off")  # loader.batch_ring of the Paddle OCR throughput runs
 MARK = "GPU-CHECK "  # helpers print one line "GPU-CHECK {json}" among whatever a framework prints
+
+# `setup`: the venvs (installed and probed on the device), every command line through the config
+# loader, the synthetic data. Nothing here is timed.
+SETUP_CHECKS = ["setup.torch", "setup.paddle", "configs", "data"]
+
+
+def run_checks() -> list[str]:
+    """The checks of `run`, most important first: a budget cut loses the tail."""
+    names = ["throughput.synthetic", f"throughput.loader.w{LOADER_WORKERS}", "prefetcher.off"]
+    names += [f"compile.{framework}.{task}" for framework, task in COMPILE_RUNS]
+    names += [f"throughput.paddle.ocr.ring_{leg}" for leg in RING_LEGS]
+    names += [
+        f"amp.{fw}.{task}.{dtype}" for fw in FRAMEWORKS for task in TASKS for dtype in AMP_DTYPES
+    ]
+    names += ["smoke.torch.resnet50", "smoke.paddle.ocr"]
+    return names + ["finetune.paddle.ppocrv4", "dist.torch.gloo2"]
 
 
 def check_names() -> list[str]:
     """Every check of the JSON, in the order they run (the dry-run prints the same ones)."""
-    names = ["setup.torch", "setup.paddle", "configs", "data"]
-    names += ["smoke.paddle.ocr", "smoke.torch.resnet50"]
-    names += [
-        f"amp.{fw}.{task}.{dtype}" for fw in FRAMEWORKS for task in TASKS for dtype in AMP_DTYPES
-    ]
-    names += ["throughput.synthetic"]
-    names += [f"throughput.loader.w{n}" for n in WORKER_COUNTS]
-    names += ["prefetcher.on", "prefetcher.off"]
-    return names + [f"compile.{framework}.{task}" for framework, task in COMPILE_RUNS]
+    return SETUP_CHECKS + run_checks()
+
+
+def lines_for(batch: int, steps: int) -> int:
+    """OCR lines to write so that the train split (all but a tenth) holds ``steps`` batches and
+    a few more: a throughput run never reaches the end of its epoch."""
+    return math.ceil(batch * (steps + 4) / 0.9) + 1
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes for one mode. GPU: enough steps to see learning and stable throughput in minutes;
-    dry-run: the fewest steps that still walk every code path, on the CPU."""
+    """Sizes for one mode. GPU: every throughput figure over `measure_steps` steps after
+    `warmup_steps`, all inside the first epoch; dry-run: the fewest steps that still walk every
+    code path, on the CPU."""
 
     gpu: bool
-    jobs: int  # smoke and AMP runs at once (the throughput runs always run alone)
-    budget_s: float  # wall-clock budget from the start; checks past it are skipped
+    jobs: int  # correctness runs at once after the timed ones (those always run alone)
+    setup_budget_s: float  # `setup`: wall clock from its start
+    budget_s: float  # `run`: wall clock from its start; checks past it are skipped
     run_timeout_s: float  # one training run
     ocr_lines: int
     images_train: int
     images_val: int
     classes: int
+    warmup_steps: int  # the first logging window of a throughput run, left out of its figure
+    measure_steps: int  # the steps a throughput figure is measured over
     smoke_steps: tuple[int, int]  # first run, then --resume up to the second
     # The dry-run's smoke runs train on the small validation split: a batch or two seen again and
     # again, so that 6 CPU steps show the loss falling (on a fresh batch each step they may not).
@@ -53,12 +73,14 @@ class Plan:
     smoke_sets: dict[str, tuple[str, ...]]
     amp_steps: int
     amp_sets: dict[str, tuple[str, ...]]
-    bench_sets: tuple[str, ...]
+    bench_sets: tuple[str, ...]  # the ResNet throughput runs
     bench_batch: int
-    bench_steps: int
-    bench_log_every: int
-    synthetic_steps: tuple[int, int]  # warm-up, timed
-    compile_steps: int  # each train.compile run (off, then on); every step logged
+    ocr_bench_sets: tuple[str, ...]  # the Paddle OCR throughput runs (single_gpu.yaml)
+    ocr_bench_batch: int
+    ocr_bench_workers: int
+    finetune_steps: int
+    finetune_sets: tuple[str, ...]
+    dist_steps: int
     # Environment of the compiled runs, by framework. The dry-run's torch run sets
     # TORCHDYNAMO_DISABLE: inductor on a 2-core CPU compiles for minutes, past the dry-run's
     # budget; tests/test_compile.py runs the real compile on the CPU instead.
@@ -68,43 +90,60 @@ class Plan:
     def device(self) -> str:
         return "gpu" if self.gpu else "cpu"
 
+    @property
+    def bench_steps(self) -> int:
+        """A throughput run's steps: the warm-up window, then the measured ones."""
+        return self.warmup_steps + self.measure_steps
 
+
+_GPU_WARMUP, _GPU_MEASURE = 16, 96
 GPU_PLAN = Plan(
     gpu=True,
     jobs=4,
-    budget_s=470.0,
-    run_timeout_s=240.0,
-    ocr_lines=2000,
-    images_train=2048,
-    images_val=128,
+    setup_budget_s=290.0,
+    budget_s=420.0,
+    run_timeout_s=180.0,
+    # single_gpu.yaml's OCR batch of 256 for 112 steps in one epoch: 29,700 train lines
+    ocr_lines=lines_for(256, _GPU_WARMUP + _GPU_MEASURE),
+    # ResNet-50 at batch 128: 112 steps of 120 in the first epoch
+    images_train=128 * (_GPU_WARMUP + _GPU_MEASURE + 8),
+    images_val=256,
     classes=10,
+    warmup_steps=_GPU_WARMUP,
+    measure_steps=_GPU_MEASURE,
     smoke_steps=(80, 120),
     smoke_split="train",
     smoke_sets={
         task: ("train.log_every=10", "train.eval_every=40", "train.checkpoint_every=40")
         for task in TASKS
     },
-    amp_steps=8,
-    amp_sets={task: ("train.log_every=2",) for task in TASKS},
+    amp_steps=24,
+    amp_sets={task: ("train.log_every=4",) for task in TASKS},
     bench_sets=(),
     bench_batch=128,
-    bench_steps=32,
-    bench_log_every=8,
-    synthetic_steps=(8, 30),
-    compile_steps=32,
+    ocr_bench_sets=(),
+    ocr_bench_batch=256,
+    ocr_bench_workers=LOADER_WORKERS,
+    finetune_steps=40,
+    finetune_sets=("loader.batch_size=64", "train.log_every=10"),
+    dist_steps=30,
     compile_env={},
 )
 _TINY = ("loader.batch_size=8", "optim.warmup_steps=1")
 _TINY_IMAGES = ("data.image_size=32", "data.eval_resize=36")
+_DRY_WARMUP, _DRY_MEASURE = 2, 4
 DRY_PLAN = Plan(
     gpu=False,
     jobs=2,
-    budget_s=420.0,
-    run_timeout_s=180.0,
+    setup_budget_s=240.0,
+    budget_s=360.0,
+    run_timeout_s=150.0,
     ocr_lines=160,
     images_train=48,
     images_val=16,
     classes=4,
+    warmup_steps=_DRY_WARMUP,
+    measure_steps=_DRY_MEASURE,
     smoke_steps=(4, 6),
     smoke_split="val",
     smoke_sets={
@@ -132,9 +171,11 @@ DRY_PLAN = Plan(
     },
     bench_sets=("model.name=resnet18", *_TINY_IMAGES),
     bench_batch=4,
-    bench_steps=4,
-    bench_log_every=2,
-    synthetic_steps=(1, 2),
-    compile_steps=4,
+    ocr_bench_sets=("data.image_shape=[3,32,160]", "model.name=crnn_tiny"),
+    ocr_bench_batch=8,
+    ocr_bench_workers=1,
+    finetune_steps=2,
+    finetune_sets=("loader.batch_size=2", "loader.num_workers=1", "train.log_every=1"),
+    dist_steps=3,
     compile_env={"torch": {"TORCHDYNAMO_DISABLE": "1"}},
 )

@@ -1,5 +1,6 @@
 """The JSON report: its skeleton (every key and check present from the start, so a broken run
-still prints the full schema), the host's facts (nvidia-smi) and the summary of the checks.
+still prints the full schema), the host's facts (nvidia-smi), the summary of the checks, and the
+short Markdown table written beside the JSON.
 """
 
 from __future__ import annotations
@@ -14,29 +15,33 @@ import subprocess
 from pathlib import Path
 
 from .checks import PREFETCH_NOTE
-from .plan import SCHEMA, WORKER_COUNTS, Plan, check_names
+from .plan import LOADER_WORKERS, RING_LEGS, SCHEMA, Plan
 from .setup import BUILD_FACTS, cu12_index
 
 
-def skeleton(plan: Plan, work: Path) -> dict:
+def skeleton(plan: Plan, work: Path, command: str, names: list[str]) -> dict:
     return {
         "schema": SCHEMA,
+        "command": command,
         "mode": "gpu" if plan.gpu else "dry-run",
         "ok": False,
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": None,
         "budget_s": None,
         "work_dir": str(work),
+        "report_md": None,
         "host": {},
         "torch_build": {},
         "paddle_build": {
             "ran": None,
+            "order": [],
+            "chosen_by": None,
             **dict.fromkeys(BUILD_FACTS),
             "attempts": [],
             "cu12_source": f"{cu12_index()} (Paddle's own package index)",
             "note": None,
         },
-        "checks": {name: {"status": "skipped", "reason": "not reached"} for name in check_names()},
+        "checks": {name: {"status": "skipped", "reason": "not reached"} for name in names},
         "summary": {},
         "script_error": None,
     }
@@ -82,55 +87,82 @@ def host_facts(plan: Plan) -> dict:
     return facts
 
 
+def _get(checks: dict, name: str) -> dict:
+    return checks.get(name) or {}
+
+
 def summarize(report: dict) -> None:
-    """``summary`` and ``ok`` from the checks (and ``vs_synthetic`` into each loader check)."""
+    """``summary`` and ``ok`` from the checks (and ``vs_synthetic`` into the loader checks)."""
     checks = report["checks"]
-    synthetic = checks["throughput.synthetic"].get("images_per_s")
-    loader = _loader_summary(checks, synthetic)
-    on, off = checks["prefetcher.on"], checks["prefetcher.off"]
-    gain = None
-    if on.get("samples_per_s") and off.get("samples_per_s"):
-        gain = round(on["samples_per_s"] / off["samples_per_s"], 3)
     statuses = {name: check["status"] for name, check in checks.items()}
-    report["summary"] = {
-        "images_per_s": {"synthetic": synthetic, "loader": loader},
-        "prefetcher": {
-            "knob": "loader.device_prefetch",
-            "on": on.get("samples_per_s"),
-            "off": off.get("samples_per_s"),
-            "on_over_off": gain,
-            "engaged": report["mode"] == "gpu",
-            "note": PREFETCH_NOTE,
-        },
-        "compile": {
-            name[len("compile.") :]: {
-                k: checks[name].get(k) for k in ("compile_s", "step_off_over_on", "engaged")
+    summary: dict = {}
+    if "throughput.synthetic" in checks:
+        synthetic = _get(checks, "throughput.synthetic").get("images_per_s")
+        loader = {}
+        for name in (f"throughput.loader.w{LOADER_WORKERS}", "prefetcher.off"):
+            check = checks[name]
+            rate = check.get("samples_per_s")
+            if synthetic and rate:
+                check["vs_synthetic"] = round(rate / synthetic, 3)
+            loader[name] = {
+                k: check.get(k)
+                for k in ("samples_per_s", "data_wait_fraction", "vs_synthetic", "status")
             }
-            for name in checks
-            if name.startswith("compile.")
-        },
-        "peak_gpu_memory_mb": _peak_memory(checks),
-        "paddle_build": report["paddle_build"].get("ran"),
-        "failed": [n for n, s in statuses.items() if s == "error"],
-        "skipped": [n for n, s in statuses.items() if s == "skipped"],
-    }
+        on = checks[f"throughput.loader.w{LOADER_WORKERS}"].get("samples_per_s")
+        off = checks["prefetcher.off"].get("samples_per_s")
+        ring = {leg: checks[f"throughput.paddle.ocr.ring_{leg}"] for leg in RING_LEGS}
+        ring_on, ring_off = (ring[leg].get("samples_per_s") for leg in RING_LEGS)
+        summary.update(
+            images_per_s={"synthetic": synthetic, "loader": loader},
+            prefetcher={
+                "knob": "loader.device_prefetch",
+                "on": on,
+                "off": off,
+                "on_over_off": round(on / off, 3) if on and off else None,
+                "engaged": report["mode"] == "gpu",
+                "note": PREFETCH_NOTE,
+            },
+            batch_ring={
+                "knob": "loader.batch_ring",
+                "on": ring_on,
+                "off": ring_off,
+                "on_over_off": round(ring_on / ring_off, 3) if ring_on and ring_off else None,
+                "data_wait_on": ring["on"].get("data_wait_fraction"),
+                "data_wait_off": ring["off"].get("data_wait_fraction"),
+            },
+            compile={
+                name[len("compile.") :]: {
+                    k: checks[name].get(k)
+                    for k in ("compile_s", "step_off_over_on", "engaged", "status", "reason")
+                }
+                for name in checks
+                if name.startswith("compile.")
+            },
+            loss_scale={
+                name: checks[name].get("loss_scale")
+                for name in checks
+                if name.startswith("amp.") and name.endswith(".fp16")
+            },
+            resume_loss={
+                name: checks[name].get("resume_loss")
+                for name in checks
+                if name.startswith("smoke.")
+            },
+            gpu_busy_pct_median={
+                name: (check.get("nvml") or {}).get("busy_pct_median")
+                for name, check in checks.items()
+                if "nvml" in check
+            },
+        )
+    summary.update(
+        peak_gpu_memory_mb=_peak_memory(checks),
+        paddle_build=report["paddle_build"].get("ran"),
+        paddle_build_chosen_by=report["paddle_build"].get("chosen_by"),
+        failed=[n for n, s in statuses.items() if s == "error"],
+        skipped=[n for n, s in statuses.items() if s == "skipped"],
+    )
+    report["summary"] = summary
     report["ok"] = all(s == "ok" for s in statuses.values())
-
-
-def _loader_summary(checks: dict, synthetic: float | None) -> dict:
-    """Each loader run by worker count; sets its ``vs_synthetic`` (samples/s over the synthetic
-    ceiling) when both were measured."""
-    loader = {}
-    for workers in WORKER_COUNTS:
-        check = checks[f"throughput.loader.w{workers}"]
-        rate = check.get("samples_per_s")
-        if synthetic and rate:
-            check["vs_synthetic"] = round(rate / synthetic, 3)
-        loader[str(workers)] = {
-            k: check.get(k)
-            for k in ("samples_per_s", "data_wait_fraction", "vs_synthetic", "status")
-        }
-    return loader
 
 
 def _peak_memory(checks: dict) -> dict:
@@ -142,7 +174,8 @@ def _peak_memory(checks: dict) -> dict:
             memory["by_check"][name] = value
             framework = (
                 "torch"
-                if ".torch." in name or name.startswith(("throughput", "prefetch"))
+                if ".torch." in name
+                or name.startswith(("throughput.synthetic", "throughput.loader", "prefetch"))
                 else "paddle"
                 if ".paddle." in name
                 else None
@@ -150,3 +183,88 @@ def _peak_memory(checks: dict) -> dict:
             if framework and (memory[framework] is None or value > memory[framework]):
                 memory[framework] = value
     return memory
+
+
+def _num(value, digits: int = 1) -> str:
+    if isinstance(value, bool) or value is None:
+        return "-" if value is None else str(value)
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+    return str(value)
+
+
+def headline(name: str, check: dict) -> str:
+    """The one figure of a check that says most, for the Markdown table."""
+    nvml = check.get("nvml") or {}
+    busy = f", GPU busy {_num(nvml.get('busy_pct_median'), 0)}%" if nvml else ""
+    if name == "throughput.synthetic":
+        return f"{_num(check.get('images_per_s'))} images/s{busy}"
+    if name.startswith(("throughput.", "prefetcher.")):
+        vs = (
+            f", {_num(check.get('vs_synthetic'), 2)} of synthetic"
+            if "vs_synthetic" in check
+            else ""
+        )
+        return (
+            f"{_num(check.get('samples_per_s'))} samples/s over {_num(check.get('measured_steps'))}"
+            f" steps, data wait {_num(check.get('data_wait_fraction'), 3)}{vs}{busy}"
+        )
+    if name.startswith("compile."):
+        return (
+            f"compile {_num(check.get('compile_s'))} s, step off/on "
+            f"{_num(check.get('step_off_over_on'), 2)}"
+        )
+    if name.startswith("amp."):
+        losses = check.get("losses") or []
+        scale = check.get("loss_scale") or {}
+        final = f", loss scale {_num(scale.get('final'), 0)}" if scale.get("final") else ""
+        last = _num(losses[-1] if losses else None, 4)
+        return f"loss {last}, active {check.get('amp_active')}{final}"
+    if name.startswith("smoke."):
+        resume = check.get("resume_loss") or {}
+        return (
+            f"loss {_num(check.get('loss_first'), 3)} -> {_num(check.get('loss_last'), 3)}, "
+            f"resumed vs straight {_num(resume.get('abs_diff'), 6)}"
+        )
+    if name.startswith("finetune."):
+        return f"{_num(check.get('steps'))} steps, export {check.get('export_ok')}"
+    if name.startswith("dist."):
+        return (
+            f"param diff {_num(check.get('param_max_diff'), 6)}, loss fell {check.get('loss_fell')}"
+        )
+    if name.startswith("setup."):
+        where = check.get("device_name") or "cpu"
+        return f"{check.get('version')} CUDA {check.get('cuda')} on {where}"
+    if name == "configs":
+        return f"{_num(check.get('validated'))} command lines"
+    if name == "data":
+        images, lines = _num(check.get("images_train")), _num(check.get("ocr_lines"))
+        return f"{images} images, {lines} lines ({check.get('written')})"
+    return ""
+
+
+def markdown(report: dict) -> str:
+    """The short table beside the JSON: one row per check, its status and headline figure."""
+    host, summary = report.get("host") or {}, report.get("summary") or {}
+    lines = [
+        f"# gpu_check {report['command']} ({report['mode']})",
+        "",
+        f"- ok: **{report['ok']}**, {report.get('elapsed_s')} s "
+        f"(budget {report.get('budget_s')} s)",
+        f"- GPU: {host.get('gpu')} (compute capability {host.get('compute_capability')}, "
+        f"driver {host.get('driver')}, CUDA {host.get('cuda_driver')})",
+        f"- Paddle build: {report['paddle_build'].get('ran')}; "
+        f"{report['paddle_build'].get('chosen_by')}",
+        f"- failed: {summary.get('failed')}; skipped: {summary.get('skipped')}",
+        "",
+        "| check | status | figure | note |",
+        "|---|---|---|---|",
+    ]
+    for name, check in report["checks"].items():
+        note = check.get("error") or check.get("reason") or ""
+        note = note.replace("|", "/").replace("\n", " ")[:160]
+        figure = headline(name, check) if check["status"] != "skipped" else ""
+        lines.append(f"| {name} | {check['status']} | {figure.replace('|', '/')} | {note} |")
+    if report.get("script_error"):
+        lines += ["", "script_error:", "", "```", report["script_error"][-2000:], "```"]
+    return "\n".join(lines) + "\n"

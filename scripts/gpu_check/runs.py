@@ -54,12 +54,14 @@ def on_expected_device(plan: Plan, device: str | None) -> bool:
     return device.startswith("cpu") != plan.gpu
 
 
-def window_stats(records: list[dict], skip_first: bool = True) -> dict:
-    """samples/s and data-wait share over the logging windows (the first, warm-up one dropped),
-    weighted by each window's wall time, as the run's summary does."""
-    used = records[1:] if skip_first and len(records) > 1 else records
+def window_stats(records: list[dict], warmup_steps: int) -> dict:
+    """samples/s and data-wait share over the logging windows after the first ``warmup_steps``
+    steps, weighted by each window's wall time, as the run's summary does; how many steps that
+    is, and the epochs the run's windows fell in (one, when the data was sized right: a window
+    across an epoch end would add the next epoch's start-up to the figure)."""
+    used = [r for r in records if r["step"] > warmup_steps]
     wall = wait = samples = 0.0
-    previous = records[0]["step"] if skip_first and len(records) > 1 else 0
+    previous = warmup_steps
     for record in used:
         steps = max(1, record["step"] - previous)
         previous = record["step"]
@@ -71,5 +73,23 @@ def window_stats(records: list[dict], skip_first: bool = True) -> dict:
         "samples_per_s": samples / wall if wall else None,
         "data_wait_fraction": min(1.0, wait / wall) if wall else None,
         "windows": len(used),
+        "measured_steps": (used[-1]["step"] - warmup_steps) if used else 0,
+        "warmup_steps": warmup_steps,
+        "epochs": sorted({r.get("epoch") for r in records if r.get("epoch") is not None}),
         "gpu_util_mean": sum(util) / len(util) if util else None,
     }
+
+
+def window_problems(stats: dict, measure_steps: int) -> list[str]:
+    """Why a throughput figure cannot be trusted: too few measured steps, or an epoch end
+    inside the run."""
+    problems = []
+    if not stats["samples_per_s"]:
+        problems.append("no logging window to measure")
+    elif stats["measured_steps"] < measure_steps:
+        problems.append(
+            f"measured over {stats['measured_steps']} steps, the plan says {measure_steps}"
+        )
+    if len(stats["epochs"]) > 1:
+        problems.append(f"the run crossed an epoch end (epochs {stats['epochs']}): more data")
+    return problems

@@ -1,7 +1,10 @@
 """setup.torch and setup.paddle: which venv each framework runs in, and a probe of its build on
 the device. GPU mode reuses .venv-torch when it runs on the GPU, else installs its own; Paddle
-tries its builds in order (GPU_CHECK_PADDLE_BUILDS: the CUDA 11.8 build from the default index,
-then the CUDA 12.0 build from Paddle's own index). The dry-run uses make setup's venvs as they are.
+tries its builds in the order the GPU's compute capability picks (``paddle_order``): from 9.0
+(Hopper) the CUDA 12.0 build from Paddle's own index first, since Paddle 2.6 ships sm_90 kernels
+only in its CUDA 12 builds; below it the CUDA 11.8 build from the default index (the image's)
+first. GPU_CHECK_PADDLE_BUILDS overrides the order. The dry-run uses make setup's venvs as they
+are.
 """
 
 from __future__ import annotations
@@ -154,14 +157,43 @@ def cu12_index() -> str:
     return os.environ.get("GPU_CHECK_PADDLE_CU12_INDEX", PADDLE_CU12_INDEX)
 
 
-def setup_paddle(ctx: Context, build_info: dict) -> dict:
-    """Dry-run: .venv-paddle (the CPU build). GPU: the CUDA 11.8 build from the default index;
-    when it cannot run the probe's ops on this GPU, the CUDA 12.0 build from Paddle's index."""
+HOPPER = (9, 0)
+
+
+def paddle_order(capability: str | None) -> tuple[list[str], str]:
+    """The Paddle builds to try, in order, and why: GPU_CHECK_PADDLE_BUILDS when set, else by
+    the GPU's compute capability (nvidia-smi's, e.g. "9.0")."""
+    given = os.environ.get("GPU_CHECK_PADDLE_BUILDS")
+    if given:
+        return [b.strip() for b in given.split(",") if b.strip()], "GPU_CHECK_PADDLE_BUILDS"
+    try:
+        major, minor = (int(part) for part in str(capability).split(".")[:2])
+    except ValueError:
+        return ["cu118", "cu120"], (
+            f"compute capability unknown ({capability!r}): the image's CUDA 11.8 build first"
+        )
+    if (major, minor) >= HOPPER:
+        return ["cu120", "cu118"], (
+            f"compute capability {major}.{minor} >= 9.0: Paddle 2.6 ships sm_90 kernels only in "
+            "its CUDA 12 builds (the 11.8 build passes run_check() on Hopper, then aborts in "
+            "training), so the CUDA 12.0 build first"
+        )
+    return ["cu118", "cu120"], (
+        f"compute capability {major}.{minor} < 9.0: the CUDA 11.8 build (the image's) has its "
+        "kernels, so it first"
+    )
+
+
+def setup_paddle(ctx: Context, build_info: dict, capability: str | None = None) -> dict:
+    """Dry-run: .venv-paddle (the CPU build). GPU: the builds in ``paddle_order``; the first
+    whose probe runs on this GPU is the one."""
     if not ctx.plan.gpu:
+        build_info["order"], build_info["chosen_by"] = [], "dry-run: make setup's CPU build"
         return _setup_paddle_dry(ctx, build_info)
-    order = os.environ.get("GPU_CHECK_PADDLE_BUILDS", "cu118,cu120").split(",")
+    order, why = paddle_order(capability)
+    build_info["order"], build_info["chosen_by"] = order, why
     failures: list[str] = []
-    for build in [b.strip() for b in order if b.strip()]:
+    for build in order:
         if build not in PADDLE_BUILDS:
             failures.append(
                 f"{build}: unknown (GPU_CHECK_PADDLE_BUILDS takes {list(PADDLE_BUILDS)})"
