@@ -4,6 +4,11 @@ Decoders are forgiving in ways that hide corrupt data: libjpeg fills the missing
 truncated JPEG with grey and only prints a warning, and cv2.imdecode returns None without a
 reason. We check the container first (magic bytes, end markers) so each failure gets one of the
 kinds in ``errors.BAD_SAMPLE_KINDS`` and a reason a person can act on.
+
+One rule for malformed input: a BadSampleError with a kind, or the answer of the library
+reference (cv2.imdecode's pixels), never another exception (tests/test_png_fuzz.py checks it
+for PNGs against cv2.imdecode). The pixel budget (``max_pixels``) is checked from the header of
+every format before any decoder runs, and a header that gives no size is not decoded.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import struct
 import cv2
 import numpy as np
 import simplejpeg
-from PIL import Image
+from PIL import BmpImagePlugin, GifImagePlugin, Image, TiffImagePlugin
 
 from datasets import png_inflate
 from datasets.errors import BadSampleError
@@ -51,17 +56,56 @@ MAX_IMAGE_PIXELS = 40_000_000
 
 
 def header_size(data: bytes, fmt: str) -> tuple[int, int] | None:
-    """(width, height) read from the header alone (JPEG, PNG; PIL's lazy open for the others),
-    or None when the header does not say: the decoder then reports the image as it is."""
-    if fmt == "png" and len(data) >= 24 and data[12:16] == b"IHDR":
-        return struct.unpack(">II", data[16:24])
+    """(width, height) read from the header alone, or None when the header does not say.
+
+    PNG: the IHDR chunk, which libpng requires first. JPEG: libjpeg-turbo's header parser.
+    WebP: the VP8X canvas or the VP8/VP8L frame header, read here (Pillow's open of a WebP
+    builds libwebp's animation decoder, which allocates two canvases of the claimed size).
+    BMP, TIFF, GIF: Pillow's lazy open, which reads the header only; its plugin is called
+    directly, without ``Image.open``'s decompression-bomb check (at twice
+    ``Image.MAX_IMAGE_PIXELS`` it raises instead of giving the size, which hid a 13500 x 13500
+    RLE8 BMP of 1 kB from the budget)."""
+    if fmt == "png":
+        if len(data) >= 24 and data[12:16] == b"IHDR":
+            return struct.unpack_from(">II", data, 16)
+        return None
     if fmt == "jpeg":
         return _jpeg_header_size(data)
+    if fmt == "webp":
+        return _webp_header_size(data)
+    plugin = _PIL_PLUGINS.get(fmt)
+    if plugin is None:
+        return None
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with plugin(io.BytesIO(data)) as image:
             return image.size
     except Exception:  # PIL raises many types for bad headers
         return None
+
+
+_PIL_PLUGINS = {
+    "bmp": BmpImagePlugin.BmpImageFile,
+    "gif": GifImagePlugin.GifImageFile,
+    "tiff": TiffImagePlugin.TiffImageFile,
+}
+
+
+def _webp_header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of a WebP from its first chunk: what libwebp's WebPGetFeatures, and so
+    OpenCV, allocates for (the VP8X canvas, else the lossy or lossless frame's size)."""
+    if len(data) < 30:
+        return None
+    chunk = data[12:16]
+    if chunk == b"VP8X":  # 24-bit width - 1 and height - 1, little-endian
+        return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+    if chunk == b"VP8L" and data[20] == 0x2F:  # signature, then 14-bit width - 1, height - 1
+        bits = int.from_bytes(data[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":  # after the 3-byte frame tag
+        return int.from_bytes(data[26:28], "little") & 0x3FFF, (
+            int.from_bytes(data[28:30], "little") & 0x3FFF
+        )
+    return None
 
 
 def check_encoded(data: bytes, max_pixels: int | None = None) -> str:
@@ -79,10 +123,18 @@ def check_encoded(data: bytes, max_pixels: int | None = None) -> str:
         raise BadSampleError(
             "truncated_image", f"JPEG of {len(data)} bytes has no end-of-image marker"
         )
-    if fmt == "png" and data.rfind(b"IEND", max(0, len(data) - 64)) < 0:
+    if fmt == "png" and not _has_iend(data):
         raise BadSampleError("truncated_image", f"PNG of {len(data)} bytes has no IEND chunk")
     if max_pixels is not None:
         size = header_size(data, fmt)
+        if size is None and fmt != "jpeg":
+            # No size, no decode: the budget holds for every format. JPEG is the exception:
+            # its decoder (libjpeg-turbo, simplejpeg) reads the same header first and fails.
+            raise BadSampleError(
+                "undecodable_image",
+                f"{fmt.upper()} of {len(data)} bytes whose header gives no image size, so "
+                f"data.max_image_pixels cannot be checked; not decoded",
+            )
         if size is not None and size[0] * size[1] > max_pixels:
             raise BadSampleError(
                 "image_too_large",
@@ -91,6 +143,41 @@ def check_encoded(data: bytes, max_pixels: int | None = None) -> str:
                 "decoded",
             )
     return fmt
+
+
+def _has_iend(data: bytes) -> bool:
+    """Whether a PNG has an IEND chunk: in its last 64 bytes (the common case, one search), or
+    anywhere along its chain of chunks (libpng and Pillow ignore bytes after IEND)."""
+    if data.rfind(b"IEND", max(0, len(data) - 64)) >= 0:
+        return True
+    position = len(png_inflate.SIGNATURE)
+    while position + 8 <= len(data):
+        if data[position + 4 : position + 8] == b"IEND":
+            return True
+        (length,) = struct.unpack_from(">I", data, position)
+        position += 12 + length
+    return False
+
+
+def _check_png_chunk_lengths(data: bytes) -> None:
+    """Raise BadSampleError if a chunk before IEND claims more bytes than the file holds.
+
+    libpng allocates an ancillary chunk's claimed length before reading it: a 600-byte PNG
+    whose tEXt chunk says 2**31 - 1 bytes cost cv2.imdecode 2 GB of memory and 8 s before it
+    returned None. Only files the fast path declined come here (it walks the same chain)."""
+    position = len(png_inflate.SIGNATURE)
+    while position + 12 <= len(data):
+        (length,) = struct.unpack_from(">I", data, position)
+        kind = data[position + 4 : position + 8]
+        if position + 12 + length > len(data):
+            raise BadSampleError(
+                "undecodable_image",
+                f"PNG chunk {kind!r} at byte {position} claims {length} bytes, past the end of "
+                f"the {len(data)}-byte file; not decoded",
+            )
+        if kind == b"IEND":
+            return
+        position += 12 + length
 
 
 def decode_bgr(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.ndarray:
@@ -108,7 +195,13 @@ def decode_bgr(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.nda
         image = png_inflate.decode(data)
         if image is not None:
             return image
-    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+        _check_png_chunk_lengths(data)
+    try:
+        image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error as exc:  # a header over OpenCV's own limits (2**30 pixels, 2**20 wide)
+        raise BadSampleError(
+            "undecodable_image", f"OpenCV refused {len(data)} bytes: {exc}"
+        ) from exc
     if image is None or image.size == 0:
         raise BadSampleError("undecodable_image", f"OpenCV could not decode {len(data)} bytes")
     return image

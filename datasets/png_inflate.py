@@ -20,13 +20,26 @@ go through the rewrite.
 Whatever this module does not handle returns None and the caller decodes the original bytes:
 interlaced images, images whose inflated data is over ``MAX_INFLATED_BYTES`` (the rewrite holds
 up to three copies of it at once: the rows, the new chunk, the new file), and every malformed
-file (bad chunk layout or IDAT CRC, a zlib error, too much or too little data), so OpenCV
-classifies those exactly as before.
+file (bad chunk layout or IDAT CRC, an IHDR that is not 13 bytes, a zlib error, too much or
+too little data), so OpenCV classifies those exactly as before.
+
+ISA-L is more lenient than zlib, which libpng inflates with, so the zlib stream is checked
+against what zlib rejects before ISA-L's rows are used: a window field (CINFO) above 7 (32 KB);
+a window smaller than 32 KB and than the inflated rows (libpng's zlib rejects a copy reaching
+further back than the window across an inflate call, and it calls once per row; libpng's own
+encoder picks the smallest window that holds all the rows, so its files pass); and the first
+block's Huffman codes, which zlib inflates on the stream's first ``_HEADER_BYTES`` bytes
+(ISA-L accepts incomplete codes, zlib rejects all but a single one-bit code). An incomplete code
+in a later block of a multi-block stream is not looked for: finding that block's header means
+decoding the stream before it, the zlib inflate this module saves. No encoder writes one, and a
+corruption that makes one changes the rows, which the stream's Adler-32 then rejects, so only a
+crafted stream decodes here where libpng would refuse it, to the pixels its codes give.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 import cv2
 import numpy as np
@@ -50,6 +63,11 @@ _PASSIVE_CHUNKS = frozenset(
 _LIBPNG_MAX_SIDE = 1_000_000  # libpng's default PNG_USER_WIDTH_MAX and PNG_USER_HEIGHT_MAX
 _NONE, _SUB = 0, 1  # PNG row filter types
 _INT32_LIMIT = 2**31
+_IHDR_LENGTH = b"\0\0\0\x0d"  # libpng rejects an IHDR chunk of any other length
+_MAX_CINFO = 7  # a 32 KB window, zlib's largest
+# The longest dynamic block header (3 + 14 + 19 * 3 + 316 * 7 bits: 286 bytes) after the
+# 2-byte zlib header, with room for the first symbols.
+_HEADER_BYTES = 320
 
 
 def decode(data: bytes) -> np.ndarray | None:
@@ -66,7 +84,10 @@ def decode(data: bytes) -> np.ndarray | None:
     if pixels is not None:
         return pixels
     stored = _with_stored_rows(parsed, rows)
-    image = cv2.imdecode(np.frombuffer(stored, dtype=np.uint8), cv2.IMREAD_COLOR)
+    try:
+        image = cv2.imdecode(np.frombuffer(stored, dtype=np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:  # the caller's decode of the original bytes classifies it
+        return None
     return image if image is not None and image.size else None
 
 
@@ -90,15 +111,34 @@ def _inflated_rows(parsed) -> bytes | None:
     """The filtered rows the IDAT chunks inflate to, or None unless they inflate to exactly the
     size the header gives, ending the zlib stream."""
     _, idat_bodies, _, expected = parsed
+    stream = b"".join(idat_bodies)
+    if not _zlib_would_inflate(stream, expected):
+        return None
     inflater = isal_zlib.decompressobj()
     try:
         # max_length bounds the output: trailing junk cannot inflate past what the header says.
-        rows = inflater.decompress(b"".join(idat_bodies), expected + 1)
+        rows = inflater.decompress(stream, expected + 1)
     except isal_zlib.error:
         return None
     if len(rows) != expected or not inflater.eof or inflater.unused_data:
         return None
     return rows
+
+
+def _zlib_would_inflate(stream: bytes, expected: int) -> bool:
+    """False where libpng's zlib would reject a stream that ISA-L inflates (module docstring):
+    a window field over 7, a window under 32 KB smaller than the ``expected`` rows, a bad zlib
+    header or a bad first block header (zlib inflates at most one byte past it)."""
+    if len(stream) < 2:
+        return False
+    cinfo = stream[0] >> 4
+    if cinfo > _MAX_CINFO or (cinfo < _MAX_CINFO and expected > 1 << (cinfo + 8)):
+        return False
+    try:
+        zlib.decompressobj().decompress(stream[: 2 + _HEADER_BYTES], 1)
+    except zlib.error:
+        return False
+    return True
 
 
 def _unfiltered_here(parsed, rows: bytes) -> np.ndarray | None:
@@ -107,14 +147,14 @@ def _unfiltered_here(parsed, rows: bytes) -> np.ndarray | None:
     anything libpng might reject or act on: a chunk outside _PASSIVE_CHUNKS, a wrong CRC)."""
     before, _, after, _ = parsed
     ihdr = before[0]
+    if len(ihdr) != 25 or not after or bytes(after[-1][:8]) != b"\0\0\0\0IEND":
+        return None
     width, height, depth, color, compression, filter_method, _ = struct.unpack_from(
         ">IIBBBBB", ihdr, 8
     )
     if depth != 8 or color not in (0, 2) or compression != 0 or filter_method != 0:
         return None
     if not 1 <= width <= _LIBPNG_MAX_SIDE or not 1 <= height <= _LIBPNG_MAX_SIDE:
-        return None
-    if len(ihdr) != 25 or not after or bytes(after[-1][:8]) != b"\0\0\0\0IEND":
         return None
     for chunk in (*before, *after):
         kind = bytes(chunk[4:8])
@@ -163,7 +203,7 @@ def _split_chunks(data: bytes):
     well-formed non-interlaced PNG whose IDAT CRCs hold, else None. The other chunks are kept
     whole, with their CRCs, for libpng to check."""
     view = memoryview(data)
-    if not data.startswith(SIGNATURE) or data[12:16] != b"IHDR" or len(data) < 33:
+    if not data.startswith(SIGNATURE) or data[8:16] != _IHDR_LENGTH + b"IHDR" or len(data) < 33:
         return None
     width, height, depth, color, _, _, interlace = struct.unpack_from(">IIBBBBB", data, 16)
     if interlace != 0 or color not in _SAMPLES:

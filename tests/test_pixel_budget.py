@@ -1,20 +1,24 @@
 """data.max_image_pixels: an image whose header promises more pixels (a 20000 x 20000 JPEG, a PNG
-decompression bomb of a few hundred KB) is a bad sample of kind image_too_large, refused from
-its header: the process reading it never holds its pixels."""
+decompression bomb of a few hundred KB, a 1 kB RLE8 BMP of 13500 x 13500, a TIFF or a WebP) is a
+bad sample of kind image_too_large, refused from its header on the OCR and the ResNet path: the
+process reading it never holds its pixels. A header that gives no size is not decoded blind."""
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import subprocess
 import sys
+import tracemalloc
 import zlib
 
 import numpy as np
 import pytest
 import simplejpeg
+from PIL import Image
 
-from datasets.decode import check_encoded, header_size
+from datasets.decode import check_encoded, decode_bgr, decode_rgb, header_size
 from datasets.errors import BadSampleError
 from datasets.lmdb_ocr import LmdbOcrWriter
 from datasets.synthetic import LATIN, ocr_samples, write_all
@@ -114,3 +118,114 @@ def test_training_counts_giants_as_bad_samples(tmp_path, lmdb_with_giants):
     assert epochs and epochs[0].get("bad.image_too_large") == 2, epochs
     bad = (tmp_path / "run/bad_samples.train.tsv").read_text()
     assert bad.count("image_too_large") == 2
+
+
+def bmp_rle8_claiming(width: int, height: int) -> bytes:
+    """A 1 kB BMP by hand: BITMAPFILEHEADER, BITMAPINFOHEADER with biCompression 1 (RLE8), a
+    256-colour palette and a few RLE bytes (5 pixels of colour 1, end of line, end of bitmap).
+    OpenCV decodes it to a width x height x 3 array, the rest of the rows left at colour 0."""
+    palette = b"".join(bytes((i, i, i, 0)) for i in range(256))
+    rle = b"\x05\x01\x00\x00\x00\x01"
+    offset = 14 + 40 + len(palette)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(rle), 2835, 2835, 256, 0)
+    return b"BM" + struct.pack("<IHHI", offset + len(rle), 0, 0, offset) + info + palette + rle
+
+
+def tiff_claiming(width: int, height: int) -> bytes:
+    """A little-endian grey TIFF by hand whose IFD says width x height, with one 16-byte strip."""
+    entries = [  # (tag, type: 3 SHORT, 4 LONG, value)
+        (256, 4, width),
+        (257, 4, height),
+        (258, 3, 8),  # bits per sample
+        (259, 3, 1),  # no compression
+        (262, 3, 1),  # black is zero
+        (273, 4, 0),  # strip offset, set below
+        (277, 3, 1),  # samples per pixel
+        (278, 4, height),  # rows per strip
+        (279, 4, 16),  # strip byte count
+    ]
+    strip_at = 8 + 2 + 12 * len(entries) + 4
+    ifd = struct.pack("<H", len(entries))
+    for tag, kind, value in entries:
+        value = strip_at if tag == 273 else value
+        packed = struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value)
+        ifd += struct.pack("<HHI", tag, kind, 1) + packed
+    return b"II*\x00" + struct.pack("<I", 8) + ifd + b"\0\0\0\0" + bytes(range(16))
+
+
+def webp_claiming(width: int, height: int) -> bytes:
+    """A real lossless WebP (VP8L) of 8 x 8 whose frame header is patched to width x height
+    (14 bits each: at most 16384)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((8, 8, 3), 90, np.uint8)).save(buffer, "WEBP", lossless=True)
+    data = bytearray(buffer.getvalue())
+    assert data[12:16] == b"VP8L" and data[20] == 0x2F
+    bits = int.from_bytes(data[21:25], "little")
+    bits = (bits >> 28 << 28) | (width - 1) | (height - 1) << 14
+    data[21:25] = bits.to_bytes(4, "little")
+    return bytes(data)
+
+
+def test_bmp_tiff_and_webp_over_the_budget_are_refused_from_their_headers():
+    # Pillow's open raises DecompressionBombError past 2 x 89 Mpixels instead of giving the
+    # size; that once skipped the budget, and OpenCV decoded the 1 kB BMP to 546 MB.
+    giants = {
+        "bmp": bmp_rle8_claiming(13500, 13500),
+        "tiff": tiff_claiming(20000, 20000),
+        "webp": webp_claiming(16000, 16000),
+    }
+    assert len(giants["bmp"]) < 1100
+    for fmt, data in giants.items():
+        assert (
+            header_size(data, fmt)
+            == {
+                "bmp": (13500, 13500),
+                "tiff": (20000, 20000),
+                "webp": (16000, 16000),
+            }[fmt]
+        )
+        for decode in (decode_bgr, decode_rgb):  # the OCR path, the ResNet path
+            tracemalloc.start()
+            try:
+                with pytest.raises(BadSampleError) as raised:
+                    decode(data)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert raised.value.kind == "image_too_large", (fmt, raised.value)
+            assert peak < 100 << 20, (fmt, peak)
+
+
+def test_webp_sizes_are_read_from_the_first_chunk_as_pillow_reads_them():
+    pixels = np.random.default_rng(0).integers(0, 255, (13, 21, 4), np.uint8)
+    rgb, rgba = Image.fromarray(pixels[:, :, :3]), Image.fromarray(pixels)
+    seen = set()
+    for image, lossless in ((rgb, False), (rgb, True), (rgba, False)):  # VP8, VP8L, VP8X
+        buffer = io.BytesIO()
+        image.save(buffer, "WEBP", lossless=lossless)
+        data = buffer.getvalue()
+        seen.add(data[12:16])
+        assert header_size(data, "webp") == (21, 13) == Image.open(io.BytesIO(data)).size
+    assert seen == {b"VP8 ", b"VP8L", b"VP8X"}
+
+
+def test_a_header_that_gives_no_size_is_not_decoded_blind():
+    # A BMP whose info header is cut off, a PNG whose first chunk is not IHDR: with a budget
+    # they are bad samples before any decoder sees them; without one, OpenCV decides.
+    good_png = png_bomb(8)
+    no_ihdr_first = good_png[:8] + _png_chunk(b"prVt", b"x") + good_png[8:]
+    for data in (bmp_rle8_claiming(100, 100)[:30], no_ihdr_first):
+        with pytest.raises(BadSampleError) as raised:
+            check_encoded(data, max_pixels=40_000_000)
+        assert raised.value.kind == "undecodable_image" and "gives no image size" in str(
+            raised.value
+        )
+    assert check_encoded(no_ihdr_first) == "png"
+    # A JPEG is the exception: libjpeg-turbo reads the same header first and fails on it.
+    with pytest.raises(BadSampleError) as raised:
+        decode_bgr(b"\xff\xd8\xff\xe0" + bytes(40) + b"\xff\xd9")
+    assert raised.value.kind == "undecodable_image"
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))

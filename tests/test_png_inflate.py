@@ -288,3 +288,167 @@ def test_running_sums_from_the_integral_image_wrap_as_the_filter_does(channels, 
     monkeypatch.setattr(png_inflate, "_INT32_LIMIT", 255 * height * width * channels)
     assert np.array_equal(png_inflate._running_sums_mod_256(filtered), expected)
     assert not calls  # numpy's way, not the integral image
+
+
+def test_an_ihdr_shorter_than_13_bytes_is_a_bad_sample_not_a_crash():
+    # IHDR's length field says 8 (width and height only); the 4 bytes read as its CRC then
+    # read as depth 8, colour 2, compression 0, filter 0, and a valid IDAT follows. Unpacking
+    # the 13-byte header from the 8-byte chunk raised struct.error, which ended the run.
+    good = VARIANTS["bgr8"]
+    width, height = struct.unpack_from(">II", good, 16)
+    crafted = (
+        SIGNATURE
+        + struct.pack(">I", 8)
+        + b"IHDR"
+        + struct.pack(">II", width, height)
+        + b"\x08\x02\x00\x00"
+        + good[33:]
+    )
+    assert png_inflate.decode(crafted) is None
+    _left_to_opencv(crafted)  # libpng: "IHDR: invalid"; a bad sample of kind undecodable_image
+
+
+class _Bits:
+    """Deflate's bit order (RFC 1951 3.1.1): fields least significant bit first, Huffman codes
+    most significant bit first."""
+
+    def __init__(self) -> None:
+        self.value, self.count = 0, 0
+
+    def put(self, value: int, count: int) -> None:
+        self.value |= value << self.count
+        self.count += count
+
+    def put_code(self, code: int, length: int) -> None:
+        self.put(int(format(code, f"0{length}b")[::-1], 2), length)
+
+
+def _canonical(lengths: list[int]) -> dict[int, tuple[int, int]]:
+    """symbol -> (code, length) of the canonical Huffman code of ``lengths`` (RFC 1951 3.2.2),
+    whether or not they make a complete code."""
+    codes, code = {}, 0
+    for length in range(1, 16):
+        for symbol, each in enumerate(lengths):
+            if each == length:
+                codes[symbol] = (code, length)
+                code += 1
+        code <<= 1
+    return codes
+
+
+_CODE_LENGTH_ORDER = (16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15)
+
+
+def _dynamic_zlib(raw: bytes, literals: dict[int, int], distances: list[int], code_lengths=None):
+    """A zlib stream of one dynamic-Huffman block holding ``raw`` as literals, with the given
+    literal/length code lengths (symbol -> length), distance code lengths and code-length code
+    lengths (default: 4 bits for 0..15, a complete code)."""
+    code_lengths = code_lengths or [4] * 16 + [0, 0, 0]
+    lit = [0] * 257
+    for symbol, length in literals.items():
+        lit[symbol] = length
+    bits = _Bits()
+    bits.put(1, 1)  # final block
+    bits.put(2, 2)  # dynamic Huffman codes
+    bits.put(len(lit) - 257, 5)
+    bits.put(len(distances) - 1, 5)
+    bits.put(19 - 4, 4)
+    for symbol in _CODE_LENGTH_ORDER:
+        bits.put(code_lengths[symbol], 3)
+    length_code = _canonical(code_lengths)
+    for length in (*lit, *distances):
+        bits.put_code(*length_code[length])
+    literal_code = _canonical(lit)
+    for byte in (*raw, 256):
+        bits.put_code(*literal_code[byte])
+    body = bits.value.to_bytes((bits.count + 7) // 8, "little")
+    return b"\x78\x01" + body + struct.pack(">I", zlib.adler32(raw))
+
+
+def _with_cinfo(stream: bytes, cinfo: int) -> bytes:
+    """The zlib stream with its window field set (and FCHECK fixed, so the header is valid)."""
+    cmf, flg = cinfo << 4 | 8, stream[1] & 0xE0
+    return bytes([cmf, flg | (31 - (cmf * 256 + flg) % 31) % 31]) + stream[2:]
+
+
+def _grey_png(width: int, height: int, stream: bytes) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return _png([(b"IHDR", ihdr), (b"IDAT", stream), (b"IEND", b"")])
+
+
+def test_zlib_streams_that_libpng_rejects_are_left_to_it():
+    # ISA-L inflates every one of these; libpng's zlib rejects all but the last, whose copy
+    # past its window stays inside one row (one inflate call): the fast path declines them all
+    # and OpenCV's outcome on the original bytes stands.
+    rng = np.random.default_rng(3)
+    raw = bytes([0, 10, 20, 10, 0, 20, 20, 10])  # 2 rows of 3 grey pixels, filter None
+    complete = {0: 2, 10: 2, 20: 2, 256: 2}
+    row = rng.integers(0, 256, 300, dtype=np.uint8).tobytes()
+    repeated_rows = (b"\x00" + row) * 4  # each row a copy of the one before: distance 301
+    one_row = b"\x00" + row * 4  # copies at distance 300 inside the row
+    cases = {
+        "window field 8 (64 KB)": _grey_png(300, 4, _with_cinfo(zlib.compress(repeated_rows), 8)),
+        "copy across rows past a 256-byte window": _grey_png(
+            300, 4, _with_cinfo(zlib.compress(repeated_rows), 0)
+        ),
+        "incomplete literal/length code": _grey_png(
+            3, 2, _dynamic_zlib(raw, {0: 2, 10: 2, 20: 3, 256: 2}, [1])
+        ),
+        "incomplete distance code": _grey_png(3, 2, _dynamic_zlib(raw, complete, [2, 2])),
+        "incomplete code-length code": _grey_png(
+            3, 2, _dynamic_zlib(raw, complete, [1], [4] * 15 + [0] * 4)
+        ),
+        "copy inside one row past a 256-byte window": _grey_png(
+            1200, 1, _with_cinfo(zlib.compress(one_row), 0)
+        ),
+    }
+    for name, data in cases.items():
+        expected = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        assert (expected is None) == (name != "copy inside one row past a 256-byte window"), name
+        try:
+            _left_to_opencv(data)
+        except AssertionError as error:
+            raise AssertionError(f"{name}: {error}") from error
+    # The same rows with complete codes, and a small window that holds all the rows (what
+    # libpng's encoder writes for small images), still take the fast path.
+    for data in (
+        _grey_png(3, 2, _dynamic_zlib(raw, complete, [1])),
+        _grey_png(3, 2, _dynamic_zlib(raw, complete, [1, 1])),
+        _grey_png(3, 2, _dynamic_zlib(raw, complete, [0])),
+        _grey_png(60, 4, _with_cinfo(zlib.compress((b"\x00" + row[:60]) * 4), 0)),
+    ):
+        assert with_stored_image_data(data) is not None
+        expected = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        assert np.array_equal(decode_bgr(data), expected)
+    assert VARIANTS["grey8"][_idat_at(VARIANTS["grey8"])] >> 4 < 7  # libpng's small window
+
+
+def _idat_at(data: bytes) -> int:
+    return data.index(b"IDAT") + 4
+
+
+def test_bytes_after_iend_are_ignored_as_opencv_and_pillow_ignore_them():
+    # The IEND check once looked only at the last 64 bytes: 61 or more bytes after IEND made a
+    # valid PNG a truncated one.
+    good = VARIANTS["bgr8"]
+    expected = cv2.imdecode(np.frombuffer(good, np.uint8), cv2.IMREAD_COLOR)
+    for extra in (b"\0" * 61, bytes(range(256)) * 4, b"IEND" + b"x" * 100):
+        data = good + extra
+        assert np.array_equal(cv2.imdecode(np.frombuffer(data, np.uint8), 1), expected)
+        Image.open(io.BytesIO(data)).load()
+        assert np.array_equal(decode_bgr(data), expected), len(extra)
+    with pytest.raises(BadSampleError, match="truncated_image"):
+        decode_bgr(good[:-12] + b"\0" * 100)  # no IEND at all is still truncated
+
+
+def test_a_chunk_longer_than_the_file_is_refused_before_libpng_allocates_it(monkeypatch):
+    # libpng allocates an ancillary chunk's claimed length before reading it: this 600-byte
+    # file made cv2.imdecode touch 2 GB and take 8 s to return None. OpenCV never sees it now.
+    good = VARIANTS["bgr8"]
+    text = _png([(b"tEXt", b"Comment\x00x")])[8:]
+    crafted = good[:33] + struct.pack(">I", 2**31 - 1) + text[4:] + good[33:]
+    calls = []
+    monkeypatch.setattr(cv2, "imdecode", lambda *args: calls.append(args))
+    with pytest.raises(BadSampleError, match="undecodable_image.*past the end"):
+        decode_bgr(crafted)
+    assert not calls
