@@ -409,9 +409,7 @@ class TorchBackend(Backend):
         directory = Path(directory)
         self.net.load_state_dict(self._load(directory, "model", self.device))
         # Read onto the CPU: load_state_dict moves each parameter's state to that parameter's
-        # device itself, except Adam's "step" counts, which it leaves where they were read.
-        # Torch keeps them on the CPU; on the GPU, Adam would sync on each one's .item() in
-        # every step.
+        # device itself, the step counts of the fused optimizers included (_load_as_fused).
         self.optimizer.load_state_dict(self._load(directory, "optimizer", "cpu"))
         self.scheduler.load_state_dict(self._load(directory, "scheduler", "cpu"))
         scaler = _scaler_state_to_load(
