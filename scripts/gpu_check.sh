@@ -6,6 +6,7 @@
 #                                     # GPU, writes the data: at most 5 minutes; a second call
 #                                     # with everything in place returns in seconds
 #   bash scripts/gpu_check.sh run     # the measurements, most important first: at most 7 minutes
+#   bash scripts/gpu_check.sh run --only 'amp.*,smoke.*'   # only these checks (a cut run's tail)
 #   bash scripts/gpu_check.sh         # both, one after the other (over 10 minutes on a cold host)
 #   bash scripts/gpu_check.sh setup --dry-run && bash scripts/gpu_check.sh run --dry-run
 #                                     # the same code paths on the CPU with the existing

@@ -100,7 +100,7 @@ HOST_KEYS = {"python", "cpus", "gpu", "driver", "cuda_driver", "compute_capabili
 NVML_KEYS = {"busy_pct_median", "busy_pct_max", "mem_mib_median", "mem_mib_max", "samples"}
 
 
-def gpu_check(*args: str, timeout: float) -> tuple[dict, float]:
+def gpu_check(*args: str, timeout: float, code: int = 0) -> tuple[dict, float]:
     started = time.monotonic()
     result = subprocess.run(
         ["bash", "scripts/gpu_check.sh", *args],
@@ -110,7 +110,7 @@ def gpu_check(*args: str, timeout: float) -> tuple[dict, float]:
         timeout=timeout,
     )
     elapsed = time.monotonic() - started
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == code, result.stderr[-4000:]
     try:
         return json.loads(result.stdout), elapsed  # one JSON object and nothing else on stdout
     except ValueError as error:
@@ -125,7 +125,20 @@ def reports(tmp_path_factory) -> dict:
     setup, _ = gpu_check("setup", "--dry-run", "--work-dir", str(work), timeout=300)
     again, again_s = gpu_check("setup", "--dry-run", "--work-dir", str(work), timeout=120)
     run, _ = gpu_check("run", "--dry-run", "--work-dir", str(work), timeout=600)
-    return {"setup": setup, "again": again, "again_s": again_s, "run": run, "work": work}
+    full_json = (work / "gpu_check.run.json").read_text()
+    # the tail of a cut run, in a later call: exit 3 (the rest skipped), the full run's reports kept
+    only, _ = gpu_check(
+        "run", "--dry-run", "--work-dir", str(work), "--only", "dist.*", timeout=300, code=3
+    )
+    return {
+        "setup": setup,
+        "again": again,
+        "again_s": again_s,
+        "run": run,
+        "work": work,
+        "only": only,
+        "full_json_after_only": (work / "gpu_check.run.json").read_text() == full_json,
+    }
 
 
 def assert_all_ok(report: dict, names: list[str]) -> None:
@@ -174,6 +187,7 @@ def test_run_dry_run_prints_every_figure_and_every_check_ok(reports):
     work = reports["work"]
     written = json.loads((work / "gpu_check.run.json").read_text())
     assert written["checks"] == checks
+    assert reports["full_json_after_only"]  # run --only wrote beside it, not over it
     table = (work / "gpu_check.run.md").read_text()
     assert report["report_md"] == str(work / "gpu_check.run.md")
     for name in RUN_CHECKS:
@@ -270,3 +284,42 @@ def test_sampler_figures_leave_out_the_idle_start_and_end():
         "samples": 3,
     }
     assert summarize_samples("")["samples"] == 0
+
+
+@dry_run[0]
+@dry_run[1]
+def test_run_only_runs_the_selected_checks_and_skips_the_rest(reports):
+    only = reports["only"]
+    assert only["checks"]["dist.torch.gloo2"]["status"] == "ok"
+    for name in RUN_CHECKS[:-1]:
+        assert only["checks"][name]["status"] == "skipped"
+        assert only["checks"][name]["reason"].startswith("not selected (--only dist.*)")
+    assert (reports["work"] / "gpu_check.run-only.md").is_file()
+
+
+FAKE_SMI = """#!/usr/bin/env bash
+# nvidia-smi --query-gpu=... -lms 100 -i N: a sample per 0.05 s (idle first) until killed
+echo "0, 400"
+while true; do echo "75, 8000"; sleep 0.05; done
+"""
+
+
+def test_sampler_runs_beside_a_gpu_run_child_and_is_null_in_the_dry_run(tmp_path, monkeypatch):
+    """Context.spawn with sample_gpu: in GPU mode nvidia-smi samples while the child runs and
+    the run's figures come back; in the dry-run there is no sampler (null)."""
+    from scripts.gpu_check.context import Context
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    child = ["python3", "-c", "import time; time.sleep(0.6)"]
+    gpu = Context(plan_module.GPU_PLAN, tmp_path / "gpu", budget_s=60)
+    result = gpu.spawn("sampled", child, timeout_s=30, sample_gpu=True)
+    assert result.ok and result.nvml["samples"] >= 3, result.nvml
+    assert result.nvml["busy_pct_median"] == 75.0 and result.nvml["mem_mib_max"] == 8000.0
+    assert (tmp_path / "gpu" / "stats" / "sampled.nvml.csv").is_file()
+    dry = Context(plan_module.DRY_PLAN, tmp_path / "dry", budget_s=60)
+    assert dry.spawn("unsampled", child, timeout_s=30, sample_gpu=True).nvml is None

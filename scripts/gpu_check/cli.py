@@ -60,6 +60,12 @@ def parser() -> argparse.ArgumentParser:
         "folder, removed when every check passed)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the dry-run's work folder")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="run: only the checks matching these comma-separated patterns (e.g. "
+        "'amp.*,smoke.*,finetune.*,dist.*': the tail a budget cut left), the rest skipped",
+    )
     return parser
 
 
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = [args.command] if args.command else ["setup", "run"]
     code = 0
     for command in commands:
-        code = one_command(command, plan, work)
+        code = one_command(command, plan, work, [p for p in args.only.split(",") if p])
         if code == 130:
             break  # interrupted
     if temporary and code == 0 and not args.keep:
@@ -91,21 +97,24 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def one_command(command: str, plan: Plan, work: Path) -> int:
+def one_command(command: str, plan: Plan, work: Path, only: list[str]) -> int:
     if command == "setup":
         budget = float(os.environ.get("GPU_CHECK_SETUP_BUDGET_S", plan.setup_budget_s))
         names = SETUP_CHECKS
     else:
         budget = float(os.environ.get("GPU_CHECK_BUDGET_S", plan.budget_s))
         names = check_names()
-        for sub in ("runs", "export"):  # the runs start over; data, setup's logs stay
-            shutil.rmtree(work / sub, ignore_errors=True)
+        if not only:  # a full run starts over; data and setup's logs stay
+            for sub in ("runs", "export"):
+                shutil.rmtree(work / sub, ignore_errors=True)
     started = time.monotonic()
     report = skeleton(plan, work, command, names)
     report["budget_s"] = budget
-    paths = (work / f"gpu_check.{command}.json", work / f"gpu_check.{command}.md")
+    # `run --only` (the tail of a cut run) reports beside the full run's reports, not over them
+    stem = f"gpu_check.{command}" + ("-only" if only and command == "run" else "")
+    paths = (work / f"{stem}.json", work / f"{stem}.md")
     report["report_md"] = str(paths[1])
-    code = run(report, command, plan, work, budget, paths, started)
+    code = run(report, command, plan, work, budget, paths, started, only)
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     write(report, paths)
     print(json.dumps(clean(report), indent=2, allow_nan=False), flush=True)
@@ -144,6 +153,7 @@ def run(
     budget: float,
     paths: tuple[Path, Path],
     started: float,
+    only: list[str],
 ) -> int:
     """The command's checks into ``report``, then its summary; the exit code. SIGTERM stops it
     as Ctrl-C does; either way every child still running is killed."""
@@ -158,6 +168,7 @@ def run(
     try:
         ctx = Context(plan, work, budget)
         ctx.publish = publish
+        ctx.only = only
         (orchestrate_setup if command == "setup" else orchestrate_run)(report, ctx)
         summarize(report)
         statuses = [c["status"] for c in report["checks"].values()]

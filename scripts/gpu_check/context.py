@@ -62,6 +62,7 @@ class Context:
         self.setup_error: dict[str, str] = {}
         self.stopping = False  # interrupted: start nothing more
         self.publish = lambda: None  # writes the report so far (orchestrate sets it)
+        self.only: list[str] = []  # `run --only`: the checks to run (fnmatch patterns)
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         for sub in ("logs", "stats", "runs", "data"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import fnmatch
 import json
 import threading
 import traceback
@@ -258,8 +259,12 @@ def orchestrate_run(report: dict, ctx: Context) -> None:
     correctness(report, ctx)
 
 
-def _ready(report: dict, name: str) -> bool:
-    """Not already failed for want of its venv or the data."""
+def _ready(report: dict, ctx: Context, name: str) -> bool:
+    """Not already failed for want of its venv or the data, and selected (``--only``)."""
+    if ctx.only and not any(fnmatch.fnmatchcase(name, pattern) for pattern in ctx.only):
+        reason = f"not selected (--only {','.join(ctx.only)})"
+        report["checks"][name] = {"status": "skipped", "reason": reason}
+        return False
     return report["checks"][name]["status"] == "skipped"
 
 
@@ -273,7 +278,7 @@ def timed(report: dict, ctx: Context) -> None:
         *((f"throughput.paddle.ocr.ring_{leg}", check_ring, (leg,)) for leg in RING_LEGS),
     ]
     for name, func, args in order:
-        if _ready(report, name):
+        if _ready(report, ctx, name):
             run_check(report, ctx, name, func, *args)
 
 
@@ -289,7 +294,7 @@ def correctness(report: dict, ctx: Context) -> None:
         jobs.append((f"smoke.{framework}.{task}", check_smoke, framework, task))
     jobs.append(("finetune.paddle.ppocrv4", check_finetune))
     jobs.append(("dist.torch.gloo2", check_dist))
-    jobs = [job for job in jobs if _ready(report, job[0])]
+    jobs = [job for job in jobs if _ready(report, ctx, job[0])]
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=ctx.plan.jobs)
     try:
         futures = [
