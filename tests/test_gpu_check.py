@@ -11,6 +11,7 @@ parts (which Paddle build a GPU gets, the sampler's figures) are tested in both 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -323,3 +324,31 @@ def test_sampler_runs_beside_a_gpu_run_child_and_is_null_in_the_dry_run(tmp_path
     assert (tmp_path / "gpu" / "stats" / "sampled.nvml.csv").is_file()
     dry = Context(plan_module.DRY_PLAN, tmp_path / "dry", budget_s=60)
     assert dry.spawn("unsampled", child, timeout_s=30, sample_gpu=True).nvml is None
+
+
+def test_train_helper_records_the_fp16_loss_scale_after_each_update(monkeypatch):
+    """_train's instrumentation (GPU_CHECK_LOSS_SCALE): the scale after each update of an
+    enabled GradScaler, as its changes. torch's scaler runs on the CPU too, so an overflow (an
+    infinite gradient) halves it here as it would on the GPU."""
+    torch = pytest.importorskip("torch")
+    from scripts.gpu_check.helpers import _record_loss_scale, _scale_trajectory
+
+    monkeypatch.setattr(torch.amp.GradScaler, "update", torch.amp.GradScaler.update)  # restored
+    scales = _record_loss_scale(["--set", "framework=torch"])
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
+    for overflow in (False, True, False):
+        optimizer.zero_grad()
+        loss = (weight * (math.inf if overflow else 1.0)).sum()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    assert scales == [1024.0, 512.0, 512.0]
+    assert _scale_trajectory(scales) == {
+        "source": "GradScaler.update",
+        "updates": 3,
+        "changes": [[1, 1024.0], [2, 512.0]],
+        "final": 512.0,
+    }
+    assert _scale_trajectory([]) is None  # no enabled scaler: null in the JSON
