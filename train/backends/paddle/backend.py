@@ -167,10 +167,11 @@ class PaddleBackend(Backend):
         )
 
     def device_batches(self, loader) -> Iterator[dict[str, Any]]:
-        # On a GPU the loader was built with places=this GPU: Paddle's buffered reader stages
-        # each batch in pinned memory and copies it on its own CUDA stream, ahead of use, so the
-        # copy of batch k+1 overlaps step k without a hand-made stream here. What is left is to
-        # normalize, which runs on the device's compute stream.
+        # On a GPU the loader was built with places=this GPU: its batches arrive there, each
+        # staged in pinned memory and copied on a side CUDA stream one batch ahead of use, so
+        # the copy of batch k+1 overlaps step k (through the batch ring: data.PinnedCopies;
+        # without it: Paddle's buffered reader). What is left is to normalize, which runs on
+        # the device's compute stream.
         for batch in loader:
             yield self._on_device(batch)
 

@@ -5,7 +5,9 @@ normalizes on the device. With ``use_shared_memory`` and ``batch_ring`` (the def
 stack each batch straight into a slot of a /dev/shm ring this process owns
 (datasets/batch_ring.py) and send only its number through Paddle's queue: one copy per batch,
 where Paddle's own shared-memory hand-over (``batch_ring`` off) makes two in the worker.
-At 0 workers the dataset fills each batch in one call (datasets.sampler.WholeBatches).
+Batches from the ring reach the training device one batch ahead of use (:class:`PinnedCopies`
+on a GPU, :class:`HostCopies` on the CPU); without the ring, Paddle's buffered reader copies
+them. At 0 workers the dataset fills each batch in one call (datasets.sampler.WholeBatches).
 Paddle's loader always uses the process-wide multiprocessing start method, so a spawn context is
 selected with ``multiprocessing.set_start_method`` before the loader is built. What works around
 Paddle 2.6 here (zlib, the epoch-start poll, leaked pipes, the timeout) is in compat.py.
@@ -13,12 +15,15 @@ Paddle 2.6 here (zlib, the epoch-start poll, leaked pipes, the timeout) is in co
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import cv2
+import numpy as np
 import paddle
 
 from datasets.batch_buffers import BatchBuffers
@@ -104,12 +109,15 @@ class PaddleLoader:
         self.place = place or paddle.CPUPlace()
         if ring is not None:  # the files go with the loader, or at exit at the latest
             self._unlink_ring = weakref.finalize(self, ring.unlink)
-            self._host_buffers = BatchBuffers()  # what the ring's slots are copied into
+            on_gpu = isinstance(self.place, paddle.CUDAPlace)
+            # What the ring's slots are copied into, and from there onto the device.
+            self.copies = PinnedCopies(self.place) if on_gpu else HostCopies()
 
     @property
     def copies_per_batch(self) -> int:
         """Copies of a collated batch's bytes on their way to the trainer's tensor: the ring
-        slot, copied once into the tensor; Paddle's own shared memory: into a LoDTensor, then
+        slot, copied once into the tensor (on a GPU into pinned memory, which the device then
+        reads by DMA); Paddle's own shared memory: into a LoDTensor, then
         into a new /dev/shm file (worker.py, _reduce_lodtensor); pipes: pickled into the pipe
         and unpickled (2), then made a tensor (1); no workers: none (the collated arrays become
         Tensors as they are: whole_batch_to_tensors, stack_to_tensors)."""
@@ -158,33 +166,127 @@ class PaddleLoader:
         self.ring.start_generation()
         return self._from_ring(self._batches())
 
-    def _copied(self, view):
-        """A copy of a ring slot's field in an array of an earlier batch that nothing refers to
-        any more (datasets/batch_buffers.py): a fresh array would page-fault on every page."""
-        out = self._host_buffers.empty(view.shape, view.dtype)
-        out[...] = view
-        return out
-
     def _from_ring(self, tickets: Iterator) -> Iterator[dict[str, Any]]:
+        """The epoch's batches, one ahead: batch k+1 is copied out of its slot (which is then
+        released) and its copy to the device started before batch k is handed over, so on a
+        GPU that copy runs while the trainer's step on batch k does."""
+        copies, upcoming = self.copies, None
         try:
-            on_host = isinstance(self.place, paddle.CPUPlace)
             for ticket in tickets:
-                views = self.ring.take(*ticket_of(ticket))
-                if on_host:  # numpy's copy out of the slot, then a Tensor over it (_as_tensor)
-                    batch = {key: _as_tensor(self._copied(view)) for key, view in views.items()}
-                else:  # the copy out of the slot is the copy to the device
-                    batch = {
-                        key: paddle.to_tensor(view, place=self.place) for key, view in views.items()
-                    }
-                self.ring.release()  # copied: the slot is free for the batch seq + slots
+                staged = copies.stage(self.ring.take(*ticket_of(ticket)))
+                self.ring.release()  # copied out: the slot is free for the batch seq + slots
+                started = copies.start(staged)
+                if upcoming is not None:
+                    yield copies.ready(upcoming)
+                upcoming = started
+            if upcoming is not None:  # the epoch's last batch
+                batch, upcoming = copies.ready(upcoming), None
                 yield batch
         finally:
+            upcoming = None  # an abandoned epoch's batch in hand goes with it
             self.ring.end_generation()  # first: workers waiting for a slot let go
             close = getattr(tickets, "close", None)
             if close is not None:
                 close()  # the epoch's workers stop (unless persistent)
             if not self.loader._persistent_workers:
                 self.ring.shrink()
+
+
+class HostCopies:
+    """On the CPU: a ring slot's fields copied into arrays of earlier batches that nothing
+    refers to any more (datasets/batch_buffers.py: a fresh array would page-fault on every
+    page), each a Tensor over its array (_as_tensor). Already where the step reads them, so
+    starting and finishing the copy to the device are nothing."""
+
+    def __init__(self) -> None:
+        self.buffers = BatchBuffers()
+
+    def stage(self, views: dict[str, np.ndarray]) -> dict[str, paddle.Tensor]:
+        batch = {}
+        for key, view in views.items():
+            out = self.buffers.empty(view.shape, view.dtype)
+            out[...] = view
+            batch[key] = _as_tensor(out)
+        return batch
+
+    def start(self, staged: dict[str, paddle.Tensor]) -> dict[str, paddle.Tensor]:
+        return staged
+
+    def ready(self, started: dict[str, paddle.Tensor]) -> dict[str, paddle.Tensor]:
+        return started
+
+
+class PinnedCopies:
+    """On a GPU: a ring slot's fields copied into page-locked host buffers that are used again
+    and again (two sets, batch k into set k % 2), then copied to the device without blocking
+    the host on a side CUDA stream, while the compute stream runs the step on the batch before.
+
+    - Before the compute stream reads a batch, it waits for that batch's copy (an event).
+    - Before the side stream copies, it waits for the work already queued on the compute
+      stream: device memory that earlier steps freed may be handed to this copy, and Paddle's
+      allocator frees it when Python drops the tensor, not when the step has run.
+    - A set of host buffers is written again (two batches later) only after its last copy to
+      the device has finished (its event).
+
+    Paddle's current CUDA stream belongs to the device, not to a thread: a stream guard in
+    one thread moves every thread's kernels to the side stream. So the side stream is used
+    from the main thread only (training); from another thread (the evaluation batches of
+    train/stops.py's StopAwareBatches) the copy goes on the compute stream, still from pinned
+    memory and without blocking the host, but in line with the kernels."""
+
+    SETS = 2
+
+    def __init__(self, place: paddle.CUDAPlace) -> None:
+        self.place = place
+        self._sets: list[dict[str, tuple[paddle.Tensor, np.ndarray]]] = [
+            {} for _ in range(self.SETS)
+        ]
+        self._copied: list[Any] = [None] * self.SETS  # each set's last copy: its event
+        self._next = 0
+        self._side_stream = None  # made at the first copy (the device is set by then)
+
+    def stage(self, views: dict[str, np.ndarray]) -> tuple[int, dict[str, paddle.Tensor]]:
+        index, self._next = self._next, (self._next + 1) % self.SETS
+        if self._copied[index] is not None:
+            self._copied[index].synchronize()  # its last batch is on the device
+            self._copied[index] = None
+        buffers, staged = self._sets[index], {}
+        for key, view in views.items():
+            held = buffers.get(key)
+            if held is None or held[1].shape != view.shape or held[1].dtype != view.dtype:
+                held = buffers[key] = _pinned(view.shape, view.dtype)
+            held[1][...] = view  # the one host copy: out of the slot
+            staged[key] = held[0]
+        return index, staged
+
+    def start(self, staged: tuple[int, dict[str, paddle.Tensor]]) -> tuple[dict, Any]:
+        index, tensors = staged
+        compute = paddle.device.current_stream(self.place)
+        stream = compute
+        if threading.current_thread() is threading.main_thread():
+            if self._side_stream is None:
+                self._side_stream = paddle.device.Stream(self.place)
+            stream = self._side_stream
+            stream.wait_stream(compute)
+        gpu = self.place.get_device_id()
+        with paddle.device.stream_guard(stream if stream is not compute else None):
+            batch = {key: value.cuda(gpu, blocking=False) for key, value in tensors.items()}
+        self._copied[index] = copied = stream.record_event()
+        return batch, copied
+
+    def ready(self, started: tuple[dict, Any]) -> dict[str, paddle.Tensor]:
+        batch, copied = started
+        paddle.device.current_stream(self.place).wait_event(copied)
+        return batch
+
+
+def _pinned(shape: tuple[int, ...], dtype: np.dtype) -> tuple[paddle.Tensor, np.ndarray]:
+    """A page-locked host Tensor of ``shape`` and ``dtype``, and a numpy array over its memory
+    (which the Tensor owns: keep both)."""
+    tensor = paddle.to_tensor(np.empty(shape, dtype), place=paddle.CUDAPinnedPlace())
+    count = int(np.prod(shape))
+    memory = (ctypes.c_byte * (count * np.dtype(dtype).itemsize)).from_address(tensor.data_ptr())
+    return tensor, np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
 
 
 def make_loader(
@@ -197,10 +299,11 @@ def make_loader(
     places=None,
 ) -> PaddleLoader:
     """A paddle.io.DataLoader with every knob of ``knobs``, batching ``sampler`` by an
-    EpochBatchSampler; ``places`` is the training device: on a GPU, Paddle's buffered reader
-    copies each batch there from pinned memory on its own stream, ahead of use (with the ring,
-    the ring's copy goes straight to the device instead). With workers, ``use_shared_memory``
-    and ``batch_ring``, batches come through a BatchRing of ring_slots(knobs) slots."""
+    EpochBatchSampler; ``places`` is the training device, where the batches arrive. With
+    workers, ``use_shared_memory`` and ``batch_ring``, batches come through a BatchRing of
+    ring_slots(knobs) slots, and PaddleLoader copies them to a GPU one batch ahead of use
+    (PinnedCopies); otherwise Paddle's buffered reader does, from pinned memory on its own
+    stream."""
     check_zlib_load_order()
     workers = knobs.num_workers > 0
     context = knobs.multiprocessing_context
@@ -220,7 +323,7 @@ def make_loader(
         batches, collate = RingBatches(batches, ring), RingCollate(ring)
         use_shared_memory = False  # Paddle's queue carries 3 numbers per batch: a pipe will do
         # The tickets stay on the host (reading one on a GPU would sync each batch); the
-        # ring's copy (PaddleLoader._from_ring) goes to ``place`` itself.
+        # batches go to ``place`` from the ring (PaddleLoader._from_ring).
         places = paddle.CPUPlace()
     # The buffered reader's thread is there to copy batches to the device ahead of use. At 0
     # workers on the CPU it has nothing to copy: the fetch thread (Paddle's _thread_loop) still
