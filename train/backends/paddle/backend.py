@@ -39,6 +39,7 @@ from train.schedule import lr_factor, weight_decay_groups
 log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
+STORE_TIMEOUT_S = 900  # Paddle 2.6's rendezvous (TCPStore) timeout: see init_distributed
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.npz", "optimizer.npz", "state.json"
 
 
@@ -88,6 +89,21 @@ class PaddleBackend(Backend):
             # The NCCL process group's timeout (ms), which Paddle 2.6 reads from the environment
             # in init_parallel_env (ParallelEnv; its default is 30 min).
             os.environ["PADDLE_PG_TIMEOUT"] = str(int(self.train.dist_timeout_s * 1000))
+            # The rendezvous before it has a timeout of its own that nothing can set: every rank
+            # waits at most 900 s for all ranks to reach init_parallel_env. Paddle 2.6.2 makes
+            # its TCPStore with core.create_or_get_global_tcp_store() (distributed/parallel.py,
+            # line 1099), which passes no timeout, so TCPStore's default argument holds
+            # (include/paddle/phi/core/distributed/store/tcp_store.h, line 128: timeout = 900).
+            # The FLAGS_stop_check_timeout read on the line before is never used.
+            if self.train.dist_timeout_s > STORE_TIMEOUT_S:
+                log.info(
+                    "train.dist_timeout_s=%g s covers Paddle's collectives; its start-up "
+                    "rendezvous waits at most %d s for all ranks (fixed in Paddle 2.6): a rank "
+                    "that arrives later, such as one still staging s3:// data, fails the start "
+                    "(a restart reuses what data.remote_cache_dir already holds)",
+                    self.train.dist_timeout_s,
+                    STORE_TIMEOUT_S,
+                )
             if self.gpu_id is None:
                 # On a GPU host the launcher hands each rank a GPU (FLAGS_selected_gpus) and no
                 # backend, and a CUDA build then picks NCCL: gloo is the CPU's.
