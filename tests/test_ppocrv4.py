@@ -299,3 +299,98 @@ def test_a_fine_tuned_ppocrv4_exports_to_an_inference_model_paddleocr_reads(
     texts, _ = TextRecognizer(args)([images[i] for i in narrow])
     assert [text for text, _ in texts] == ours
     assert sum(bool(text) for text in ours) > len(ours) // 4  # it reads: not all blank
+
+
+PARITY_LINES = 120  # Latin lines, half of them PNG: about 35 s of CPU for both readers
+
+
+@pytest.mark.paddle
+def test_evaluating_the_released_weights_reads_what_paddleocr_reads(ppocrv4_files, tmp_path):
+    """The released recognizer through our path (the LMDB, the data path's decode and
+    resize_and_pad, the paddle backend's normalization and greedy CTC: train.evaluate's
+    evaluate()) against PaddleOCR's own TextRecognizer (the wheel's predict_rec.py, cv2
+    decode, resize_norm_img, CTCLabelDecode with the space) running the released ONNX under
+    ONNX Runtime: the same exact match within 0.5 point and the same text on every line but
+    at most one. Lines are at most 320 wide at height 48, where the two inputs differ only in
+    the padding's value, 1/255 against 0 (docs/ppocrv4.md; wider lines:
+    docs/after_training.md)."""
+    import cv2
+    import paddleocr  # noqa: F401  (puts the wheel's tools/ and ppocr/ on sys.path)
+    from tools.infer.predict_rec import TextRecognizer
+    from tools.infer.utility import init_args
+
+    from datasets.decode import decode_bgr, sniff_format
+    from datasets.lmdb_ocr import LmdbOcrSource, LmdbOcrWriter
+    from datasets.synthetic import LATIN, ocr_samples, write_all
+    from train import tasks
+    from train.config import load_config
+    from train.evaluate import evaluate
+    from train.inference import labels_of, load_weights
+    from train.metrics import ctc_greedy_decode
+
+    def narrow(samples):
+        for data, text in samples:
+            image = decode_bgr(data)
+            if np.ceil(48 * image.shape[1] / image.shape[0]) <= 320:
+                yield data, text
+
+    lines = tmp_path / "lines"
+    samples = ocr_samples(PARITY_LINES + 10, LATIN, str(ppocrv4_files["font"]), 5, 0.5)
+    write_all(LmdbOcrWriter(lines), list(narrow(samples))[:PARITY_LINES])
+    source = LmdbOcrSource(lines)
+    records = [source.read(i) for i in range(len(source))]
+    source.close()
+    labels = [str(label) for _, label in records]
+    formats = [sniff_format(data) for data, _ in records]
+    assert len(records) == PARITY_LINES and 0.3 < formats.count("png") / PARITY_LINES < 0.7
+
+    weights = tmp_path / "weights"
+    done = _convert("--onnx", str(ppocrv4_files["onnx"]), "--out-dir", str(weights), "--quiet")
+    assert done.returncode == 0, done.stderr
+    config = load_config(
+        ROOT / FINETUNE_CONFIGS["paddle"],
+        [
+            "model.init_from=null",
+            f"data.char_dict={weights / 'ppocr_keys.txt'}",
+            "loader.batch_size=40",
+            "loader.num_workers=0",
+        ],
+    )
+    characters = labels_of(config)
+    backend = load_weights(str(weights / "ppocrv4_rec.pdparams"), config, characters)
+    dataset = tasks.get("ocr").open_dataset(config.data, str(lines), train=False)
+    read = []
+
+    class Reading:  # the backend, noting each line's text as evaluate() predicts it
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+        def predict(self, batch):
+            classes = backend.predict(batch)
+            for row in ctc_greedy_decode(classes):
+                read.append("".join(characters[c - 1] for c in row))
+            return classes
+
+    try:
+        ours = evaluate(config, Reading(), dataset, workers=0)
+    finally:
+        dataset.close()
+        backend.shutdown()
+
+    args = init_args().parse_args([])
+    args.rec_model_dir, args.use_onnx = str(ppocrv4_files["onnx"]), True
+    args.rec_char_dict_path = str(weights / "ppocr_keys.txt")
+    args.rec_image_shape, args.use_space_char, args.use_gpu = "3,48,320", True, False
+    args.rec_algorithm = "SVTR_LCNet"  # what PaddleOCR runs PP-OCRv4's recognizer as
+    images = [cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) for data, _ in records]
+    paddleocr_read = [text for text, _ in TextRecognizer(args)(images)[0]]
+
+    theirs = sum(text == label for text, label in zip(paddleocr_read, labels)) / PARITY_LINES
+    differ = [
+        (label, fmt, a, b)
+        for label, fmt, a, b in zip(labels, formats, read, paddleocr_read)
+        if a != b
+    ]
+    assert ours["samples"] == len(read) == PARITY_LINES
+    assert abs(ours["acc"] - theirs) <= 0.005 and len(differ) <= 1, (ours["acc"], theirs, differ)
+    assert theirs >= 0.5  # a wrong contract (RGB, unnormalized) reads few lines, in both
