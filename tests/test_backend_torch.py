@@ -195,21 +195,16 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_two_process_gloo_all_reduce_barrier_and_ddp(ocr_lmdb):
-    raw = {
-        "task": "ocr",
-        "framework": "torch",
-        "data": {"train": str(ocr_lmdb), "char_dict": "unused.txt", "image_shape": [3, 16, 32]},
-        "model": {"name": "crnn_tiny", "hidden_size": 16},
-        "train": {"device": "cpu"},
-    }
+def run_gloo_workers(script: str, args: list[str], timeout: float) -> list[dict]:
+    """Run ``python -c script *args`` as ranks 0 and 1 of a gloo group on the loopback device;
+    each must exit 0. Returns the JSON reports they print on lines starting "RESULT ", by rank."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     env.update(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     if sys.platform == "linux":
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback: no dependence on host networking
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", DIST_WORKER, json.dumps(raw)],
+            [sys.executable, "-c", script, *args],
             env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -219,7 +214,7 @@ def test_two_process_gloo_all_reduce_barrier_and_ddp(ocr_lmdb):
         for rank in range(2)
     ]
     try:
-        outputs = [worker.communicate(timeout=60)[0] for worker in workers]
+        outputs = [worker.communicate(timeout=timeout)[0] for worker in workers]
     finally:
         for worker in workers:
             worker.kill()
@@ -231,6 +226,18 @@ def test_two_process_gloo_all_reduce_barrier_and_ddp(ocr_lmdb):
         for line in output.splitlines()
         if line.startswith("RESULT ")
     ]
+    return sorted(reports, key=lambda report: report["rank"])
+
+
+def test_two_process_gloo_all_reduce_barrier_and_ddp(ocr_lmdb):
+    raw = {
+        "task": "ocr",
+        "framework": "torch",
+        "data": {"train": str(ocr_lmdb), "char_dict": "unused.txt", "image_shape": [3, 16, 32]},
+        "model": {"name": "crnn_tiny", "hidden_size": 16},
+        "train": {"device": "cpu"},
+    }
+    reports = run_gloo_workers(DIST_WORKER, [json.dumps(raw)], timeout=60)
     assert sorted(r["rank"] for r in reports) == [0, 1]
     for report in reports:
         assert report["world"] == 2 and report["backend"] == "gloo"

@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.backends import build, make_config, start  # noqa: E402
+from tests.test_backend_torch import run_gloo_workers  # noqa: E402
 from tests.test_distributed import free_port  # noqa: E402
 from tests.test_train import FAST, ROOT, data_overrides, set_args  # noqa: E402
 from train.backends.base import DistInfo  # noqa: E402
@@ -210,37 +211,7 @@ def test_each_of_two_gloo_ranks_restores_its_own_generator_states(ocr_lmdb, tmp_
         "model": {"name": "crnn_tiny", "hidden_size": 16},
         "train": {"device": "cpu"},
     }
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    env.update(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    if sys.platform == "linux":
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", RNG_WORKER, json.dumps(raw), str(tmp_path)],
-            env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    try:
-        outputs = [worker.communicate(timeout=120)[0] for worker in workers]
-    finally:
-        for worker in workers:
-            worker.kill()
-    for worker, output in zip(workers, outputs):
-        assert worker.returncode == 0, output
-    reports = sorted(
-        (
-            json.loads(line.removeprefix("RESULT "))
-            for output in outputs
-            for line in output.splitlines()
-            if line.startswith("RESULT ")
-        ),
-        key=lambda report: report["rank"],
-    )
+    reports = run_gloo_workers(RNG_WORKER, [json.dumps(raw), str(tmp_path)], timeout=120)
     assert [r["rank"] for r in reports] == [0, 1]
     for report in reports:
         assert (report["torch"], report["python"], report["numpy"]) == (True, True, True), report
