@@ -106,12 +106,10 @@ class BatchRing:
         ring = cls(base, slots)
         ring._creator_pid = os.getpid()
         for path in ring.paths():
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             # Kept open with the owner's mark until unlink() or death (datasets/owner_lock.py):
             # the start-up sweep of another PID namespace sharing /dev/shm sees the ring alive.
-            ring._owner_fds.append(fd)
-            owner_lock.hold(fd)
-            os.ftruncate(fd, 2 * _STAMP.itemsize if path.endswith("ctl") else _HEADER)
+            size = 2 * _STAMP.itemsize if path.endswith("ctl") else _HEADER
+            ring._owner_fds.append(owner_lock.create_marked(path, size))
         return ring
 
     def paths(self) -> list[str]:

@@ -13,11 +13,17 @@ The lock is an open-file-description lock (``F_OFD_SETLK``, Linux 3.15+): it is 
 the ``flock`` that SharedBlock takes for its updates, it is shared with forked workers (which keep
 the file alive while they run) and, unlike a classic ``fcntl`` lock, it is not dropped when the
 same process closes another descriptor of the file. Where the platform has no such locks,
-:func:`hold` does nothing and :func:`held` answers None: the sweep then goes by pid and age alone.
+:func:`hold` does nothing and :func:`held` answers None: the sweep then goes by pid alone.
+
+:func:`create_marked` makes the file nameless (``O_TMPFILE``), marks and sizes it, and only then
+links it under its name, so no process ever sees the name without the mark: a sweep in another
+namespace needs no grace period for new files, and none for files written until a moment ago
+(their times say nothing about their owner).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import struct
@@ -54,3 +60,50 @@ def held(path: str | os.PathLike[str]) -> bool | None:
     finally:
         os.close(fd)
     return _FLOCK.unpack(answer)[0] != fcntl.F_UNLCK
+
+
+# Filesystems or kernels without unnamed files answer these; the file is then made by name.
+_NO_TMPFILE = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT}
+
+
+def create_marked(path: str, size: int = 0, mode: int = 0o600) -> int:
+    """A new file at ``path`` that carries the owner's mark from the moment its name exists;
+    return its descriptor (keep it open: the mark lasts as long as it, or a fork's copy). Raises
+    FileExistsError when anything is at ``path`` (a symlink included: none is followed), as
+    ``O_CREAT | O_EXCL | O_NOFOLLOW`` would.
+
+    Where unnamed files are not available (``O_TMPFILE``: Linux 3.11+, on tmpfs and the common
+    disk filesystems), the file is created by name and marked right after, a window of two
+    system calls in which a sweep sees it unmarked."""
+    directory = os.path.dirname(path) or "."
+    tmpfile = getattr(os, "O_TMPFILE", None)
+    if tmpfile is not None and _SETLK is not None and os.path.isdir("/proc/self/fd"):
+        try:
+            fd = os.open(directory, tmpfile | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), mode)
+        except OSError as error:
+            if error.errno not in _NO_TMPFILE:
+                raise
+        else:
+            try:
+                hold(fd)
+                os.ftruncate(fd, size)
+                # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N names the open file (a dir fd makes
+                # os.link call linkat; plain link() would link the /proc symlink itself). Like
+                # O_EXCL it fails with EEXIST whatever is at ``path``, and follows no symlink there.
+                proc_fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.link(str(fd), path, src_dir_fd=proc_fds, follow_symlinks=True)
+                finally:
+                    os.close(proc_fds)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    try:
+        hold(fd)
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -23,15 +23,15 @@ from datasets import owner_lock
 from datasets.process_id import current_pid
 
 
-def _create_exclusive(path: str) -> int:
-    """A new file at ``path``, created by this call (O_EXCL) and never through a symlink
-    (O_NOFOLLOW): these files live in shared, world-writable folders (/dev/shm, /tmp), where
-    opening a planted name with O_TRUNC would truncate whatever it points to. A regular file of
-    our own already there is a leftover of an earlier process whose pid and object id this one
-    reuses: it is replaced. Anything else (a symlink, another user's file) is refused."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+def _create_exclusive(path: str, size: int) -> int:
+    """A new file at ``path`` of ``size`` zero bytes, created by this call and carrying the
+    owner's mark from its first moment (owner_lock.create_marked: never through a symlink, never
+    over an existing name): these files live in shared, world-writable folders (/dev/shm, /tmp),
+    where opening a planted name with O_TRUNC would truncate whatever it points to. A regular
+    file of our own already there is a leftover of an earlier process whose pid and object id
+    this one reuses: it is replaced. Anything else (a symlink, another user's file) is refused."""
     try:
-        return os.open(path, flags, 0o600)
+        return owner_lock.create_marked(path, size)
     except FileExistsError:
         found = os.lstat(path)
         if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid():
@@ -41,7 +41,7 @@ def _create_exclusive(path: str) -> int:
                 "files elsewhere (TMPDIR for state files; /dev/shm is the memory cache's)"
             ) from None
         os.unlink(path)
-        return os.open(path, flags, 0o600)
+        return owner_lock.create_marked(path, size)
 
 
 class SharedBlock:
@@ -53,14 +53,7 @@ class SharedBlock:
         # unlink() or its death: the start-up sweep never takes the file of a live run.
         self._owner_fd: int | None = None
         if size is not None:
-            fd = _create_exclusive(self.path)
-            try:
-                owner_lock.hold(fd)
-                os.ftruncate(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._owner_fd = fd
+            self._owner_fd = _create_exclusive(self.path, size)
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
         self._pid: int | None = None

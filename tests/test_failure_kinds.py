@@ -143,12 +143,16 @@ def test_native_crash_prints_every_threads_python_stack(
     process.send_signal(signal.SIGABRT)
     _, stderr = process.communicate(timeout=120)
     # faulthandler hands the signal on to the framework's own crash handler after its report.
-    # Paddle's once died of SIGSEGV in there (1 of 12 runs here, under load, its Python stacks
-    # printed in full): the report is what this test is about, so either signal passes.
-    dying_signals = (
-        (-signal.SIGABRT, -signal.SIGSEGV) if framework == "paddle" else (-signal.SIGABRT,)
-    )
-    assert process.returncode in dying_signals, stderr[-3000:]
+    # Paddle's handler can die in there itself: of SIGSEGV (1 of 12 runs here, under load), or
+    # of glibc's loader assertion while it resolves symbols for its C++ stack ("Inconsistency
+    # detected by ld.so: dl-open.c", exit 127, seen on a CI host), its Python stacks printed in
+    # full both times. The report is what this test is about, so each of these ends passes.
+    dying = {-signal.SIGABRT}
+    if framework == "paddle":
+        dying.add(-signal.SIGSEGV)
+        if "Inconsistency detected by ld.so" in stderr:
+            dying.add(127)
+    assert process.returncode in dying, stderr[-3000:]
     assert "Fatal Python error: Aborted" in stderr, stderr[-3000:]
     assert "train/loop.py" in stderr and "in train_epoch" in stderr, stderr[-3000:]
 

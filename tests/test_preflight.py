@@ -142,6 +142,51 @@ def test_stale_state_files_are_those_of_dead_trainers_only(tmp_path):
     assert preflight.stale_state_files(str(tmp_path / "missing")).paths == []
 
 
+def test_an_unmarked_file_of_a_dead_pid_is_swept_at_once_however_recently_written(tmp_path):
+    """A batch ring file and an in-flight table of a dead pid, written a moment ago (a run
+    restarted right after a kill -9): our files carry their owner's mark from the moment their
+    name exists, so an unmarked one is dead whatever its age, and it says nothing about another
+    PID namespace: the old Paddle file of a dead pid beside it is swept too."""
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead, hour_ago = finished.pid, time.time() - 3600
+    ring = tmp_path / f"{preflight.RING_PREFIX}{dead}_0a1b2c3d_0"
+    table = tmp_path / f"in-flight-{dead}-7f3a.state"
+    paddle = tmp_path / f"paddle_{dead}_3_77"
+    for path in (ring, table, paddle):
+        path.write_bytes(b"\0" * 100)
+    os.utime(paddle, (hour_ago, hour_ago))
+    stale = preflight.stale_batches(str(tmp_path))
+    assert sorted(p.name for p in stale.paths) == sorted([ring.name, paddle.name])
+    assert [p.name for p in preflight.stale_state_files(str(tmp_path)).paths] == [table.name]
+
+
+def test_a_marked_file_carries_its_mark_from_its_first_moment_and_never_replaces_a_name(
+    tmp_path,
+):
+    """owner_lock.create_marked links an unnamed, already marked and sized file under its name:
+    the name never exists unmarked. Like O_EXCL | O_NOFOLLOW it refuses any existing name, a
+    symlink to a file included (which it leaves untouched)."""
+    from datasets import owner_lock
+
+    path = tmp_path / "data-cache-1-7f3a"
+    fd = owner_lock.create_marked(str(path), 4096)
+    try:
+        assert owner_lock.held(path) is True and path.stat().st_size == 4096
+        assert not [p for p in tmp_path.iterdir() if p != path]  # no temporary name left
+        with pytest.raises(FileExistsError):
+            owner_lock.create_marked(str(path))
+        target = tmp_path / "target"
+        target.write_bytes(b"keep")
+        (tmp_path / "link").symlink_to(target)
+        with pytest.raises(FileExistsError):
+            owner_lock.create_marked(str(tmp_path / "link"), 10)
+        assert target.read_bytes() == b"keep"
+    finally:
+        os.close(fd)
+    assert owner_lock.held(path) is False  # the kernel drops the mark with the last descriptor
+
+
 # A process in a PID namespace of its own, as another container sharing /dev/shm would be: it
 # makes a shared file under a name whose pid is dead here, prints READY and waits for stdin.
 _OTHER_NAMESPACE_OWNER = """

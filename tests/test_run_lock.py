@@ -12,9 +12,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
+from datasets import owner_lock
 from tests.test_resume import wait_for_step
 from tests.test_train import ROOT, set_args, train_cmd
 from train.errors import OutputDirLockedError
@@ -82,6 +84,13 @@ def test_second_run_on_a_locked_directory_fails_and_a_killed_run_blocks_nothing(
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
     assert all(os.path.exists(f) for f in cache_files + state_files)  # kill -9: no cleanup
+    # The killed trainer's workers die of PR_SET_PDEATHSIG a moment after it, and until the last
+    # of them has closed the files they hold their owner's mark: a start in that moment rightly
+    # keeps them. A restart comes after the old run is gone: wait for that (seen: < 1 s).
+    deadline = time.monotonic() + 30
+    while any(owner_lock.held(f) for f in cache_files + state_files):
+        assert time.monotonic() < deadline, "the killed run's workers still hold its files"
+        time.sleep(0.1)
 
     third = subprocess.run(
         [*cmd, "--auto-resume", *set_args(["train.max_steps=3"])],

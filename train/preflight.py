@@ -124,7 +124,6 @@ _PADDLE_BATCH_FILE = re.compile(r"paddle_(\d+)_\d+_\d+")
 # used only by it and its workers (which die with it), so stale as soon as that process is gone.
 _RING_FILE = re.compile(re.escape(RING_PREFIX) + r"(\d+)_[0-9a-f]+_(?:\d+|ctl)")
 STALE_AFTER_S = 600.0  # a live batch is taken within seconds; this leaves a wide margin
-_MARK_WINDOW_S = 2.0  # a file of ours younger than this may not carry its owner's mark yet
 
 
 @dataclass
@@ -140,16 +139,15 @@ class StaleFiles:
         return sum(self.sizes.values())
 
 
-def _ours_stale(entry: os.DirEntry, pid: int, mtime: float, now: float) -> bool:
-    """One of our files (a batch ring's, a memory cache, a state file) is dead when no process
-    holds its owner's mark (datasets/owner_lock.py: its creator holds it from creation until it
-    removes the file or dies, in any PID namespace) and its pid is gone here. The pid as well,
-    because a file made before the owner's mark existed has none; the age, because the mark is
-    taken just after the file is created."""
+def _ours_stale(entry: os.DirEntry, pid: int) -> tuple[bool, bool]:
+    """Whether one of our files (a batch ring's, a memory cache, a state file) is dead, and
+    whether it is marked by a process this namespace cannot see. Alive while a process holds its
+    owner's mark (datasets/owner_lock.py: the file carries it from the moment its name exists
+    until its creator removes it or dies, in any PID namespace), and, for a file made before the
+    mark existed or where the platform has none, while its pid is alive here."""
     mark = owner_lock.held(entry.path)
-    if mark:
-        return False
-    return not process_alive(pid) and (mark is None or now - mtime >= _MARK_WINDOW_S)
+    alive_here = process_alive(pid)
+    return (not mark and not alive_here), bool(mark) and not alive_here
 
 
 def stale_batches(
@@ -176,10 +174,10 @@ def stale_batches(
             continue  # taken meanwhile
         pid = int(match.group(1))
         if ours:
-            if _ours_stale(entry, pid, stat.st_mtime, now):
+            dead, elsewhere = _ours_stale(entry, pid)
+            if dead:
                 stale.sizes[Path(entry.path)] = stat.st_size
-            elif not process_alive(pid):
-                shared = True  # alive, held by a process this namespace cannot see
+            shared = shared or elsewhere
         elif now - stat.st_mtime >= older_than_s and not process_alive(pid):
             paddle.sizes[Path(entry.path)] = stat.st_size
     if shared and paddle.sizes:
@@ -203,13 +201,12 @@ def remove_stale_batches(path: str = SHM_PATH, older_than_s: float = STALE_AFTER
     )
 
 
-def stale_state_files(path: str, now: float | None = None) -> StaleFiles:
+def stale_state_files(path: str) -> StaleFiles:
     """The bad-sample counters and in-flight tables (datasets/bad_samples.py,
     datasets/in_flight.py) in the temp directory, and memory caches that fell back to it (no
     /dev/shm), whose run is dead by :func:`_ours_stale`. A run killed with -9 or crashed leaves
     them behind: a few KB plus one byte per sample each, which on a host running tests piled up
     by the hundred."""
-    now = time.time() if now is None else now
     stale = StaleFiles({})
     for entry in _scan(path):
         match = (
@@ -223,7 +220,7 @@ def stale_state_files(path: str, now: float | None = None) -> StaleFiles:
             stat = entry.stat(follow_symlinks=False)
         except OSError:
             continue  # removed meanwhile
-        if _ours_stale(entry, int(match.group(1)), stat.st_mtime, now):
+        if _ours_stale(entry, int(match.group(1)))[0]:
             stale.sizes[Path(entry.path)] = stat.st_size
     return stale
 
