@@ -12,11 +12,11 @@ one that does not, which the timed benchmark measures.
 
 Each arm (a bench/pipelines.py builder, 0 workers) runs once under callgrind: a warm pass
 (imports, first LMDB/HDF5 touches, lazy initialisation), then ``--passes`` passes, counted on
-their own (``callgrind_control --dump`` between the parts). A pass is one shuffled epoch over
-the whole dataset (``--items``, a multiple of ``--batch-size``), so both arms decode exactly
-the same records (their mix of JPEG and PNG sets the work). The measured passes' instructions
-over their samples are the work per sample in the steady state, every thread included
-(Paddle's loader reads in a thread of its own). Needs ``valgrind`` on PATH.
+their own (``callgrind_control`` switches the counting on after the warm pass). A pass is one
+shuffled epoch over the whole dataset (``--items``, a multiple of ``--batch-size``), so both arms
+decode exactly the same records (their mix of JPEG and PNG sets the work). The measured passes'
+instructions over their samples are the work per sample in the steady state, every thread
+included (Paddle's loader reads in a thread of its own). Needs ``valgrind`` on PATH.
 """
 
 from __future__ import annotations
@@ -91,12 +91,14 @@ def run_child(arm: str, spec: dict, passes: int) -> None:
 
 
 def _callgrind(arm: str, spec: dict, passes: int, workdir: Path) -> Path:
-    """The callgrind dump of ``arm``'s measured passes alone. callgrind_control makes callgrind
-    write its counters so far and start again from zero: one dump after the warm pass, one
-    after the measured passes, so the second holds exactly their work (neither start-up nor
-    the interpreter's exit)."""
+    """The callgrind dump of ``arm``'s measured passes alone. The child starts uninstrumented
+    (``--instr-atstart=no``: valgrind then runs the interpreter's start-up, the framework imports
+    and the warm pass several times faster than while counting); callgrind_control switches the
+    counting on after the warm pass and dumps the counters after the measured passes, so the
+    dump holds exactly their work (neither start-up nor the interpreter's exit)."""
     out = workdir / f"{arm}.callgrind"
-    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    command += [f"--callgrind-out-file={out}", sys.executable]
     command += ["-m", "bench.instructions", "--child", arm, "--spec", json.dumps(spec)]
     command += ["--passes", str(passes)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -114,15 +116,14 @@ def _callgrind(arm: str, spec: dict, passes: int, workdir: Path) -> Path:
         for part in ("warm", "measured"):
             if not _wait_for(child.stdout, MARK + part):
                 break  # the child died: its log says why
+            control = "--instr=on" if part == "warm" else f"--dump={part}"
             subprocess.run(
-                ["callgrind_control", f"--dump={part}", str(child.pid)],
-                check=True,
-                capture_output=True,
+                ["callgrind_control", control, str(child.pid)], check=True, capture_output=True
             )
             child.stdin.write("go\n")
             child.stdin.flush()
         child.wait()
-    measured = out.with_name(out.name + ".2")
+    measured = out.with_name(out.name + ".1")
     if child.returncode != 0 or not measured.is_file():
         tail = (workdir / f"{arm}.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"{arm} under callgrind failed (exit {child.returncode}):\n{tail}")
