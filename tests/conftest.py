@@ -34,12 +34,35 @@ def pytest_collection_modifyitems(config, items):
             f"TEST_FRAMEWORK={required} but {required} is not importable; " "run make setup"
         )
     slow = tiers.read_list()  # tests/slow_tests.txt: the measured slow tier (tests/tiers.py)
+    shared = _shared_fixtures_of(item for item in items if item.nodeid in slow)
     for item in items:
-        if item.nodeid in slow:
+        if item.nodeid in slow or shared & _module_fixtures(item):
             item.add_marker(pytest.mark.slow)
         for framework in ("torch", "paddle"):
             if item.get_closest_marker(framework) and importlib.util.find_spec(framework) is None:
                 item.add_marker(pytest.mark.skip(reason=f"needs {framework}"))
+
+
+def _module_fixtures(item) -> set:
+    """The fixtures a test uses that its own module defines with a scope wider than the test:
+    built once for the module, their time is counted in whichever test of theirs runs first."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    module = item.nodeid.split("::")[0]  # a fixture defined in a test module has it as baseid
+    return {
+        definition
+        for definitions in info.name2fixturedefs.values()
+        for definition in definitions
+        if definition.scope != "function" and definition.baseid == module
+    }
+
+
+def _shared_fixtures_of(slow_items) -> set:
+    """A slow test's module-level fixtures: each test using one of them is slow too, since the
+    quick tier would build the fixture in whichever of them it runs first (the gpu_check
+    dry-run's two minutes, a module's trained run)."""
+    return set().union(*(_module_fixtures(item) for item in slow_items))
 
 
 @pytest.fixture(scope="session")

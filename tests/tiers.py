@@ -8,6 +8,9 @@ files that `make test` writes:
 
     python -m tests.tiers .cache/test-reports/torch.xml .cache/test-reports/paddle.xml
 
+and the table of docs/testing.md (each half's time, the slow tier's share, the slowest tests) with
+``python -m tests.tiers --table`` and the same files.
+
 A new test is in the quick tier until the list is regenerated; the quick tier's own time is
 printed by pytest, and the slowest tests of each half by `make test` (--durations).
 """
@@ -54,7 +57,38 @@ def read_list(path: Path = LIST) -> set[str]:
     return {line.split(None, 1)[1] for line in lines if line.strip() and line[0] != "#"}
 
 
+def durations(report: Path) -> dict[str, float]:
+    """Node id -> seconds (setup, call and teardown) of every test run in one report."""
+    return {
+        node_id(case): float(case.get("time", 0.0))
+        for case in ET.parse(report).iter("testcase")
+        if case.find("skipped") is None
+    }
+
+
+def table(reports: list[Path], top: int = 30) -> str:
+    """A Markdown summary of full runs: per report its tests, their seconds and the slow tier's
+    share of them, then the ``top`` slowest tests over all reports."""
+    lines = [f"| half | tests | seconds | slow tier (>= {SLOW_S:g} s): tests, share of time |"]
+    lines.append("|---|---:|---:|---|")
+    every: list[tuple[float, str, str]] = []
+    for report in reports:
+        times = durations(report)
+        total = sum(times.values())
+        slow = [t for t in times.values() if t >= SLOW_S]
+        share = sum(slow) / total if total else 0.0
+        lines.append(f"| {report.stem} | {len(times)} | {total:.0f} | {len(slow)}, {share:.0%} |")
+        every += [(t, report.stem, nid) for nid, t in times.items()]
+    lines += ["", "| seconds | half | test |", "|---:|---|---|"]
+    for seconds, half, nid in sorted(every, reverse=True)[:top]:
+        lines.append(f"| {seconds:.1f} | {half} | `{nid}` |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--table":
+        print(table([Path(a) for a in argv[1:]]), end="")
+        return 0
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
