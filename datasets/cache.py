@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets import owner_lock
+from datasets.handles import process_alive
 from datasets.shared_block import SharedBlock
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,39 @@ Record = tuple[bytes, "str | int"]
 # unlink in close()).
 MEMORY_FILE_PREFIX = "data-cache-"
 MEMORY_FILE = re.compile(r"data-cache-(\d+)-[0-9a-f]+")
+# cache: disk builds records-<fingerprint>.cache under this name first, then renames it.
+PARTIAL_DISK_FILE = re.compile(r"records-[0-9a-f]+\.cache\.(\d+)\.partial")
+
+
+def remove_dead_partial_caches(cache_dir: str | Path) -> list[Path]:
+    """Remove the disk caches that a process died building (killed between creating the file
+    and renaming it): no process holds their owner's mark (datasets/owner_lock.py) and their pid
+    is gone here. A cache being built by a live run, in this PID namespace or another sharing
+    the folder, is kept. Returns the removed paths."""
+    removed = []
+    for entry in _scan(cache_dir):
+        match = PARTIAL_DISK_FILE.fullmatch(entry.name)
+        if not match or owner_lock.held(entry.path) or process_alive(int(match.group(1))):
+            continue
+        try:
+            os.unlink(entry.path)
+        except OSError:
+            continue  # removed meanwhile, or another user's
+        removed.append(Path(entry.path))
+    if removed:
+        log.warning(
+            "%s: removed %d disk cache(s) that dead processes left half built",
+            cache_dir,
+            len(removed),
+        )
+    return removed
+
+
+def _scan(path: str | Path) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(path))
+    except OSError:
+        return []
 
 
 def encode_record(record: Record) -> bytes:
@@ -110,6 +145,7 @@ class SharedRecordCache:
                 log.info("reusing disk cache %s (%d bytes filled)", path, header[H_USED])
                 return block
         # Build under a temporary name, then rename: a reader never sees a half-initialised file.
+        remove_dead_partial_caches(path.parent)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
         block = SharedBlock(tmp, self._slab_offset + self.capacity)
         self._block = block

@@ -67,6 +67,38 @@ def test_disk_cache_is_reused_by_a_later_run_and_invalidated_by_a_new_file(image
     assert len(list((tmp_path / "c").glob("*.cache"))) == 2
 
 
+def test_a_disk_cache_left_half_built_by_a_dead_process_is_removed_when_a_cache_is_built(
+    image_h5, tmp_path
+):
+    """A run killed while it built a disk cache leaves records-<fingerprint>.cache.<pid>.partial
+    (hundreds of MB for a real dataset). The next build in that folder removes it; one being
+    built by a live process stays: its pid is alive here, or it carries the owner's mark of a
+    process this PID namespace cannot see."""
+    import os
+    import subprocess
+
+    from datasets import owner_lock
+
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    dead = finished.pid
+    folder = tmp_path / "c"
+    folder.mkdir()
+    left = folder / f"records-00000000abcdef.cache.{dead}.partial"
+    left.write_bytes(b"\0" * 4096)
+    live_here = folder / f"records-0000000000beef.cache.{os.getpid()}.partial"
+    live_here.write_bytes(b"\0" * 4096)
+    marked_path = folder / f"records-0000000000cafe.cache.{dead}.partial"
+    marked = owner_lock.create_marked(str(marked_path), 4096)  # a live owner, pid not visible
+    try:
+        dataset = build_image_dataset(image_h5, train=False, cache="disk", cache_dir=folder)
+        [dataset[i] for i in range(len(dataset))]
+        assert not left.exists() and live_here.exists() and marked_path.exists()
+        assert len(list(folder.glob("*.cache"))) == 1
+    finally:
+        os.close(marked)
+
+
 def test_memory_cache_file_is_removed_on_close(image_h5, tmp_path):
     dataset = build_image_dataset(image_h5, train=False, cache="memory", state_dir=tmp_path)
     path = dataset.cache._block.path
