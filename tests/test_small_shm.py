@@ -4,6 +4,7 @@ with a message naming /dev/shm and the fix (policy fail). Never a bus error or a
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -74,8 +75,9 @@ def test_policy_adapt_finishes_with_a_loud_warning(framework, tmp_path, ocr_lmdb
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tmp_path, image_h5):
     """/dev/shm holds 50 MB that a killed Paddle run left behind, and a batch ring slot (1 MB)
-    of a killed trainer. Without the sweep this run (needs ~33 MB) would stop with exit 5. A
-    young Paddle file and one of a live process stay."""
+    of a killed trainer. Without the sweep this run would stop with exit 5: the free space
+    before it is below the run's need. The doctor, run first, counts the two files as free and
+    says so. A young Paddle file and one of a live process stay."""
     finished = subprocess.Popen(["true"])
     finished.wait()
     dead = finished.pid
@@ -91,8 +93,11 @@ def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tm
             f"head -c 1M /dev/zero > /dev/shm/starved_ring_{dead}_0a1b2c3d_0",  # young, owner dead
         ]
     )
+    doctor = [cmd[0], "-m", "train.doctor", *cmd[3:]]  # the same config, data and run dir
     inner = (
-        f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {plant} && {shlex.join(cmd)}; "
+        f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {plant} && "
+        "echo FREE: $(df --output=avail -m /dev/shm | tail -n 1) MiB; "
+        f"{shlex.join(doctor)}; echo DOCTOR-END; {shlex.join(cmd)}; "
         "rc=$?; echo LEFT: $(ls /dev/shm); exit $rc"
     )
     result = subprocess.run(
@@ -104,5 +109,12 @@ def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tm
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "removed 2 file(s), 51 MiB, left by processes that died" in result.stderr
+    need = int(re.search(r"/dev/shm: need (\d+) MiB", result.stderr).group(1))
+    free_before = int(result.stdout.split("FREE:")[1].split()[0])
+    assert free_before < need, result.stdout  # the start-up check's exit 5, but for the sweep
+    doctor_out = result.stdout.split("FREE:")[1].split("DOCTOR-END")[0]
+    shm_line = next(line for line in doctor_out.splitlines() if "/dev/shm" in line)
+    assert shm_line.lstrip().startswith("PASS"), doctor_out
+    assert "counting 51 MiB in 2 file(s) that dead processes left" in shm_line, shm_line
     left = result.stdout.split("LEFT:")[-1].split()
     assert sorted(left) == sorted([f"paddle_{dead}_8_12", "paddle_1_9_13"])

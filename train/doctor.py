@@ -52,8 +52,9 @@ def check_shm(config, workers: int, ranks: int, sample) -> Check:
     detail = f"need {plan.describe()}; free {free / 2**20:.0f} MiB"
     if stale.paths:
         detail += (
-            f" (counting {stale.bytes / 2**20:.0f} MiB in {len(stale.paths)} batch files left "
-            "by dead Paddle processes, which training removes at start)"
+            f" (counting {stale.bytes / 2**20:.0f} MiB in {len(stale.paths)} file(s) that dead "
+            "processes left: Paddle batch files, batch rings, memory caches; training removes "
+            "them at start)"
         )
     if plan.need_bytes <= free:
         return Check("/dev/shm", "PASS", detail)
