@@ -119,11 +119,24 @@ def test_existing_run_needs_resume_or_overwrite(task, framework, tmp_path, ocr_l
         task, framework, out, ["train.max_steps=6"], ocr_lmdb=ocr_lmdb, image_h5=image_h5
     )
     assert first.returncode == 0, first.stderr[-3000:]
+    before = _tree(out)
     again = run_train(
         task, framework, out, ["train.max_steps=6"], ocr_lmdb=ocr_lmdb, image_h5=image_h5
     )
     assert again.returncode != 0 and "already holds a run" in again.stderr
     assert "--resume" in again.stderr and "Traceback" not in again.stderr
+    # Nothing overwritten, added or removed: every file's bytes and mtime as the first run left
+    # them, but the run lock's own file (.lock: the refused run held the lock while it looked,
+    # and empties the holder's line again when it lets go).
+    assert _tree(out) == before
+
+
+def _tree(root) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(path.relative_to(root)): (path.read_bytes(), path.stat().st_mtime_ns)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != ".lock"
+    }
 
 
 def test_bad_config_is_one_line_without_traceback(tmp_path):
