@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.corrupt import write_charset, write_corrupt_lmdb
+from tests.test_resume import wait_for_step
 from tests.test_train import ROOT, set_args
 
 FRAMEWORKS = [
@@ -125,6 +126,47 @@ def test_above_the_limit_the_run_stops_naming_the_keys(framework, five_percent_c
     assert "too many bad samples" in line and "> data.max_bad_fraction 0.02" in line
     assert "image-0000000" in line and "bad_samples.train.tsv" in line
     assert "Traceback" not in result.stderr.split("error:")[-1]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_bad_sample_counts_stay_exact_after_a_kill_between_a_bad_sample_and_the_checkpoint(
+    framework, five_percent_corrupt, tmp_path
+):
+    """kill -9 at step 8 or later, after bad samples were read and written to
+    bad_samples.train.tsv since the checkpoint of step 5: the resumed run reads those records
+    again. Each epoch's counts still equal an uninterrupted run's, each bad key is in the file
+    once and the total is the uninterrupted 18."""
+    _, expected, _ = five_percent_corrupt
+    extra = ["data.max_bad_fraction=0.06", "train.checkpoint_every=5", "train.log_every=1"]
+    cmd = _train_cmd(framework, five_percent_corrupt, tmp_path, *extra)
+    first = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        wait_for_step(tmp_path, first, 8)
+    finally:
+        first.kill()
+        first.wait()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    bad_by_step = {r["step"]: r["bad_samples"] for r in records if r["type"] == "train"}
+    assert max(bad_by_step.values()) > bad_by_step[5], bad_by_step  # read after the checkpoint
+    written = (tmp_path / "bad_samples.train.tsv").read_text().splitlines()
+    assert len(written) >= max(bad_by_step.values()), written
+
+    again = subprocess.run(
+        [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr and "step 5)" in again.stderr, again.stderr[-3000:]
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1]
+    for record in epochs:
+        assert {k[4:]: v for k, v in record.items() if k.startswith("bad.")} == expected
+    keys = [
+        line.split("\t")[0]
+        for line in (tmp_path / "bad_samples.train.tsv").read_text().splitlines()
+    ]
+    assert len(keys) == len(set(keys)) == 9, keys
+    assert json.loads((tmp_path / "summary.json").read_text())["bad_samples_total"] == 2 * 9
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
