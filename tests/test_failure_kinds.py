@@ -157,6 +157,33 @@ def test_native_crash_prints_every_threads_python_stack(
     assert "train/loop.py" in stderr and "in train_epoch" in stderr, stderr[-3000:]
 
 
+@pytest.mark.paddle
+def test_a_segfault_in_a_paddle_trainer_prints_both_the_python_and_the_cpp_stacks(
+    tmp_path, ocr_lmdb
+):
+    """SIGSEGV to a Paddle trainer at step 2: faulthandler prints every thread's Python stack on
+    stderr, then hands the signal to Paddle's handler, which prints its C++ stack and its
+    FatalError on stdout; the process dies of the signal. Paddle's handler resolves symbols as
+    it prints: where glibc's loader asserts in there (seen once on a CI host, after SIGABRT), it
+    dies with exit 127 and that message instead of its report, ours already printed."""
+    run_dir = tmp_path / "crashed"
+    extra = ["train.max_steps=200", "train.log_every=1"]
+    cmd = train_cmd("ocr", "paddle", run_dir, extra, ocr_lmdb=ocr_lmdb)
+    process = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for_step(run_dir, process, 2)
+    process.send_signal(signal.SIGSEGV)
+    stdout, stderr = process.communicate(timeout=120)
+    assert "Fatal Python error: Segmentation fault" in stderr, stderr[-3000:]
+    assert "train/loop.py" in stderr and "in train_epoch" in stderr, stderr[-3000:]
+    if process.returncode == 127 and "Inconsistency detected by ld.so" in stdout + stderr:
+        return
+    assert process.returncode == -signal.SIGSEGV, stderr[-3000:]
+    assert "C++ Traceback (most recent call last)" in stdout, stdout[-3000:]
+    assert "FatalError: `Segmentation fault` is detected by the operating system" in stdout
+
+
 def test_native_crash_report_does_not_need_a_real_stderr(monkeypatch):
     """main() called where stderr is a stream without a file descriptor (a notebook's) starts
     without the report instead of failing."""
