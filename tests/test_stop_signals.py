@@ -164,6 +164,49 @@ def test_group_sigterm_while_evaluation_workers_start_is_a_stop(
     assert only_checkpoint_step(run_dir) == 4
 
 
+def test_a_worker_still_running_after_a_stops_checkpoint_is_killed_and_named(monkeypatch, caplog):
+    """What a spawned worker that died unpickling its start-up leaves behind, made on purpose:
+    after the stop's checkpoint, python -m train's main() ends the daemonic children; one that
+    ignores SIGTERM (its peer's start-up never came) is killed after the grace period and named
+    in a warning, one that ends at SIGTERM is not; the exit is still the stop's 143 and no
+    child is left for Python's exit to join forever."""
+    import functools
+    import logging
+    import multiprocessing
+
+    import train.__main__ as entry
+    from tests.probes import leftover_workers
+    from train import stops
+
+    context = multiprocessing.get_context("spawn")
+    started = []
+    for target in (leftover_workers.ignores_sigterm, leftover_workers.ends_at_sigterm):
+        ready = context.Event()
+        process = context.Process(target=target, args=(ready,), daemon=True)
+        process.start()
+        assert ready.wait(60), "the stand-in worker did not start"
+        started.append(process)
+    stubborn, polite = started
+
+    def stopped_run(args, held):
+        raise stops.StopRequested("stopped by SIGTERM at step 4, checkpoint saved", "SIGTERM")
+
+    monkeypatch.setattr(entry, "run", stopped_run)
+    monkeypatch.setattr(stops, "LEFTOVER_WORKER_GRACE_S", 1.0)
+    quick = functools.partial(stops.end_leftover_workers, grace_s=1.0)
+    monkeypatch.setattr(stops, "end_leftover_workers", quick)
+    with caplog.at_level(logging.WARNING):
+        code = entry.main(["--config", "configs/ocr/smoke.yaml"])
+    assert code == 143
+    assert not stubborn.is_alive() and not polite.is_alive()
+    assert stubborn.exitcode == -signal.SIGKILL and polite.exitcode == -signal.SIGTERM
+    named = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert named == [
+        f"loader worker(s) {stubborn.pid} still running 1 s after the stop's checkpoint: killed "
+        "(the checkpoint is complete)"
+    ]
+
+
 def stop_launcher(cmd: list[str], run_dir: Path, out: Path, env=None) -> float:
     """Start a launcher, send it one SIGTERM at step 5 (what Kubernetes does to a pod's PID 1),
     return how long it took to exit. Its output goes to ``out``."""
