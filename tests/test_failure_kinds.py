@@ -49,15 +49,20 @@ def test_exception_in_a_sample_is_not_a_dead_worker(task, framework, tmp_path, o
     assert "Traceback" in result.stderr  # a bug: its traceback is what fixes it
 
 
+@pytest.mark.parametrize("fault", ["oom", "alloc"])
 @pytest.mark.parametrize("task, framework", PAIRS)
 def test_out_of_memory_in_a_step_is_its_own_exit_code(
-    task, framework, tmp_path, ocr_lmdb, image_h5
+    task, framework, fault, tmp_path, ocr_lmdb, image_h5
 ):
-    result = run(
-        task, framework, tmp_path / "run", (ocr_lmdb, image_h5), {"TRAIN_INJECT_FAULT": "oom@3"}
-    )
+    """oom: the framework's out-of-memory exception raised in place of step 3; alloc: a real
+    allocation the framework's allocator refuses (256 TiB on the run's device: on the CPU
+    torch reports it as a RuntimeError of its DefaultCPUAllocator, Paddle as MemoryError)."""
+    env = {"TRAIN_INJECT_FAULT": f"{fault}@3"}
+    result = run(task, framework, tmp_path / "run", (ocr_lmdb, image_h5), env)
     assert result.returncode == 9, result.stderr[-3000:]
     assert "error: out of memory in a train step" in result.stderr
+    if fault == "alloc":
+        assert "281474976710656" in result.stderr, result.stderr[-3000:]  # the bytes asked for
     for fix in ("lower loader.batch_size", "train.amp", "smaller model.name", "nvidia-smi"):
         assert fix in result.stderr, result.stderr[-3000:]
     assert "worker" not in result.stderr.split("error: out of memory")[1]

@@ -6,6 +6,9 @@ failure on purpose (loader workers have theirs: datasets/faults.py).
 multiplies the images of the batch of step 5 by NaN, so that step's loss is NaN;
 ``oom@5`` raises the backend's own out-of-memory exception (torch.cuda.OutOfMemoryError,
 Paddle's MemoryError) in place of step 5, as a CUDA allocator that runs out would;
+``alloc@5`` makes a real one: before step 5 it asks the framework's allocator, on the run's
+device, for 256 TiB (more than a 48-bit address space holds, so no machine and no overcommit
+setting grants it);
 ``killworker@5`` kills one loader worker of this trainer with SIGKILL (as the OOM killer would)
 in the middle of the checkpoint of step 5 and gives its exit a second to be noticed;
 ``killidle@5`` does the same before step 5, after a second in which the workers finish their
@@ -22,7 +25,8 @@ import time
 from pathlib import Path
 
 ENV = "TRAIN_INJECT_FAULT"
-KINDS = ("nan", "oom", "killworker", "killidle")
+KINDS = ("nan", "oom", "alloc", "killworker", "killidle")
+UNALLOCATABLE_BYTES = 1 << 48
 
 
 def _faults() -> dict[int, str]:
@@ -47,6 +51,8 @@ def before_step(step: int, batch: dict, backend) -> dict:
         raise backend.out_of_memory_errors[0](
             f"CUDA out of memory. Tried to allocate 2.00 GiB ({ENV}=oom@{step}, injected)"
         )
+    if kind == "alloc":
+        backend.allocate_bytes(UNALLOCATABLE_BYTES)
     if kind == "killidle":
         time.sleep(1.0)  # the workers fill their prefetch and wait for the next index
         _kill_a_worker(step, kind)

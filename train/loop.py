@@ -84,7 +84,9 @@ def out_of_memory_named(backend, where: str):
     """The framework's out-of-memory exception as OutOfMemoryError (exit 9), with the fix."""
     try:
         yield
-    except backend.out_of_memory_errors as exc:
+    except Exception as exc:
+        if not backend.is_out_of_memory(exc):
+            raise
         raise OutOfMemoryError(
             f"out of memory in {where} on {backend.device_name}: {str(exc).splitlines()[0]}. "
             "HINT: lower loader.batch_size, use train.amp (bf16/fp16) on a GPU, or a smaller "

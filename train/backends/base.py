@@ -64,6 +64,16 @@ class Backend(abc.ABC):
     # loop turns them into train.errors.OutOfMemoryError (exit 9).
     out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)
 
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the framework's report of an allocation its device or host could
+        not make (the loop's exit 9)."""
+        return isinstance(exc, self.out_of_memory_errors)
+
+    @abc.abstractmethod
+    def allocate_bytes(self, count: int) -> object:
+        """A ``count``-byte tensor on the run's device through the framework's own allocator
+        (TRAIN_INJECT_FAULT=alloc@N asks for more than any machine can give, train/faults.py)."""
+
     def __init__(self, task: str, train) -> None:
         self.task = tasks.get(task)  # what is trained: train/tasks.py
         self.train = train  # the train: section (device, amp, profile), a train.config.TrainConfig

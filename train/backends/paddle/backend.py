@@ -142,6 +142,11 @@ class PaddleBackend(Backend):
             return "cpu"
         return f"gpu:{self.gpu_id} ({paddle.device.cuda.get_device_name(self.gpu_id)})"
 
+    def allocate_bytes(self, count: int) -> paddle.Tensor:
+        # Paddle raises MemoryError ("(ResourceExhausted) Fail to alloc memory of ...") for the
+        # host's allocator and for the GPU's alike.
+        return paddle.empty([count], dtype="uint8")
+
     def seed_framework(self, seed: int, deterministic: bool) -> None:
         paddle.seed(seed)  # the CPU and every CUDA generator
         if deterministic:

@@ -114,6 +114,16 @@ class TorchBackend(Backend):
             return "cpu"
         return f"cuda:{self.device.index} ({torch.cuda.get_device_name(self.device)})"
 
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        # On the CPU torch reports a failed allocation as a plain RuntimeError from c10's
+        # alloc_cpu ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...").
+        return super().is_out_of_memory(exc) or (
+            isinstance(exc, RuntimeError) and "DefaultCPUAllocator" in str(exc)
+        )
+
+    def allocate_bytes(self, count: int) -> torch.Tensor:
+        return torch.empty(count, dtype=torch.uint8, device=self.device)
+
     def seed_framework(self, seed: int, deterministic: bool) -> None:
         torch.manual_seed(seed)  # CPU and every CUDA device
         if deterministic:
