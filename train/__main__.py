@@ -20,6 +20,7 @@ directory; 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (cont
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
@@ -215,10 +216,15 @@ def report_native_crashes() -> None:
     with no Python traceback. faulthandler prints every thread's Python stack to stderr first,
     so that the log says what the run was doing, then hands the signal to the handler it
     replaced. run() re-arms it after the framework's import, because Paddle's import installs
-    its own handlers over it (they print a C++ stack on a segfault, nothing on SIGABRT): then
-    both report, faulthandler first. Loader workers inherit it; the frameworks install their own
-    segfault handlers there. A stderr without a file descriptor (a notebook's stream) gets no
-    report rather than a failed start."""
+    its own handlers over it: on a segfault both report, faulthandler first, then Paddle's C++
+    stack. SIGABRT goes back to the default action first, so that faulthandler ends the process
+    after its report: Paddle's handler printed nothing for it, and, being no async-signal-safe
+    code, it could deadlock or trip glibc's loader (exit 127) when the abort landed inside the
+    dynamic loader (a CI host saw both). Loader workers inherit it; the frameworks install their
+    own segfault handlers there. A stderr without a file descriptor (a notebook's stream) gets
+    no report rather than a failed start."""
+    with contextlib.suppress(ValueError):  # off the main thread: leave the handlers as they are
+        signal.signal(signal.SIGABRT, signal.SIG_DFL)
     try:
         faulthandler.enable(all_threads=True)
     except (AttributeError, OSError, RuntimeError, ValueError):
