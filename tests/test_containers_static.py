@@ -671,13 +671,20 @@ def test_k8s_scratch_matches_compose(compose, manifests):
 
 # A run with the training service's writable set only: a private mount namespace whose root is
 # remounted read-only, the service's volumes as writable folders, /tmp and HOME as tmpfs.
+# The image's code sits at /workspace, outside /tmp; a checkout under /tmp (a CI clone) would be
+# hidden by the /tmp tmpfs, so it is bound back over it, read-only like the rest of the root.
 READ_ONLY_RUN = r"""
 set -eu
 mount -t tmpfs -o mode=755 tmpfs /mnt          # mount points for the volumes and HOME
-mkdir -p /mnt/volumes /mnt/home && chmod 1777 /mnt/home
+mkdir -p /mnt/volumes /mnt/home /mnt/checkout && chmod 1777 /mnt/home
 mount --bind "$VOLUMES" /mnt/volumes
+mount --bind "$PWD" /mnt/checkout
 mount -o remount,bind,ro /
 mount -t tmpfs -o exec,mode=1777 tmpfs /tmp
+case "$PWD/" in /tmp/*)
+    mkdir -p "$PWD" && mount --bind /mnt/checkout "$PWD" && mount -o remount,bind,ro "$PWD"
+    cd "$PWD" ;;
+esac
 if touch "$PWD/.read-only-probe" 2> /dev/null; then echo "root is writable" >&2; exit 99; fi
 exec bash docker/entrypoint.sh train
 """
