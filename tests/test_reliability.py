@@ -128,6 +128,21 @@ def test_above_the_limit_the_run_stops_naming_the_keys(framework, five_percent_c
     assert "Traceback" not in result.stderr.split("error:")[-1]
 
 
+def assert_counts_of_an_uninterrupted_run(run_dir, expected) -> None:
+    """Each epoch's bad-sample counts by kind as an uninterrupted run's, each of the 9 bad keys
+    in bad_samples.train.tsv once, and the run's total 18 (two epochs)."""
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1]
+    for record in epochs:
+        assert {k[4:]: v for k, v in record.items() if k.startswith("bad.")} == expected
+    keys = [
+        line.split("\t")[0] for line in (run_dir / "bad_samples.train.tsv").read_text().splitlines()
+    ]
+    assert len(keys) == len(set(keys)) == 9, keys
+    assert json.loads((run_dir / "summary.json").read_text())["bad_samples_total"] == 2 * 9
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_bad_sample_counts_stay_exact_after_a_kill_between_a_bad_sample_and_the_checkpoint(
     framework, five_percent_corrupt, tmp_path
@@ -156,17 +171,7 @@ def test_bad_sample_counts_stay_exact_after_a_kill_between_a_bad_sample_and_the_
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stderr and "step 5)" in again.stderr, again.stderr[-3000:]
-    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    epochs = [r for r in records if r["type"] == "epoch"]
-    assert [r["epoch"] for r in epochs] == [0, 1]
-    for record in epochs:
-        assert {k[4:]: v for k, v in record.items() if k.startswith("bad.")} == expected
-    keys = [
-        line.split("\t")[0]
-        for line in (tmp_path / "bad_samples.train.tsv").read_text().splitlines()
-    ]
-    assert len(keys) == len(set(keys)) == 9, keys
-    assert json.loads((tmp_path / "summary.json").read_text())["bad_samples_total"] == 2 * 9
+    assert_counts_of_an_uninterrupted_run(tmp_path, expected)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -189,14 +194,4 @@ def test_bad_sample_counts_stay_exact_and_written_once_across_a_resume(
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stderr and "step 9)" in again.stderr
-    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    epochs = [r for r in records if r["type"] == "epoch"]
-    assert [r["epoch"] for r in epochs] == [0, 1]
-    for record in epochs:
-        assert {k[4:]: v for k, v in record.items() if k.startswith("bad.")} == expected
-    keys = [
-        line.split("\t")[0]
-        for line in (tmp_path / "bad_samples.train.tsv").read_text().splitlines()
-    ]
-    assert len(keys) == len(set(keys)) == 9, keys
-    assert json.loads((tmp_path / "summary.json").read_text())["bad_samples_total"] == 2 * 9
+    assert_counts_of_an_uninterrupted_run(tmp_path, expected)
