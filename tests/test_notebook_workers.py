@@ -29,6 +29,7 @@ check exactly that and delete their own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -44,7 +45,7 @@ from datasets.handles import process_alive
 from train.preflight import stale_batches
 
 pytest.importorskip("ipykernel")
-pytest.importorskip("psutil")
+psutil = pytest.importorskip("psutil")
 jupyter_client = pytest.importorskip("jupyter_client")
 
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
@@ -66,8 +67,9 @@ WAITING_IN = {"torch": "torch/utils/data/dataloader.py", "paddle": "in with_dead
 
 # Training's recipe (train/loop.py): the backend's make_loader over the project's dataset.
 SETUP_CELL = """
-import gc, json, os, time
+import faulthandler, gc, json, os, signal, time
 import psutil
+faulthandler.register(signal.SIGUSR1, file=open({stacks!r}, "a"), all_threads=True)  # forks too
 from datasets.dataset import build_ocr_dataset
 from datasets.ocr_transforms import CharDict
 from datasets.sampler import EpochSampler
@@ -98,16 +100,18 @@ for batch in it:
 """
 
 
-def setup_cell(framework: str, lmdb: Path, slow_s: float) -> str:
+def setup_cell(framework: str, lmdb: Path, slow_s: float, stacks: Path) -> str:
     config = {
         "task": "ocr",
         "framework": framework,
         "data": {"train": str(lmdb), "char_dict": str(lmdb.parent / "charset.txt")},
-        "loader": {"batch_size": 4, "num_workers": 2},
+        # A worker silent this long fails the cell with the loader's own error, well before
+        # the test gives up on the cell (CELL_TIMEOUT_S).
+        "loader": {"batch_size": 4, "num_workers": 2, "timeout_s": 45},
         "model": {"name": "crnn_tiny", "hidden_size": 64},
         "train": {"device": "cpu"},
     }
-    return SETUP_CELL.format(config=config, slow_s=slow_s)
+    return SETUP_CELL.format(config=config, slow_s=slow_s, stacks=str(stacks))
 
 
 def plain(text: str) -> str:
@@ -136,6 +140,29 @@ class Kernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
         self.workers: list[int] = []  # every loader worker it started
+        self.stacks_file = tmp / "stacks.txt"  # where SIGUSR1 makes them write their stacks
+
+    def stacks(self) -> str:
+        """Where the kernel and its children wait: each one's Python stacks (SIGUSR1, set up by
+        the setup cell) and each thread's kernel wait channel, for a cell that never ends."""
+        lines = []
+        try:
+            family = [psutil.Process(self.pid)]
+            family += family[0].children(recursive=True)
+        except psutil.Error as error:
+            return f"(no process to inspect: {error})"
+        for process in family:
+            with contextlib.suppress(psutil.Error, OSError):
+                channels = [
+                    Path(f"/proc/{process.pid}/task/{t.id}/wchan").read_text()
+                    for t in process.threads()
+                ]
+                lines.append(f"pid {process.pid} {process.status()} waits in {channels}")
+                process.send_signal(signal.SIGUSR1)
+        time.sleep(2.0)
+        if self.stacks_file.exists():
+            lines.append(self.stacks_file.read_text())
+        return "\n".join(lines)
 
     @property
     def pid(self) -> int:
@@ -153,7 +180,9 @@ class Kernel:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no end of cell in {timeout} s; output: {''.join(text)}")
+                raise TimeoutError(
+                    f"no end of cell in {timeout} s; output: {''.join(text)}\n{self.stacks()}"
+                )
             try:
                 msg = self.kc.get_iopub_msg(timeout=min(left, 1.0))
             except queue.Empty:
@@ -173,7 +202,7 @@ class Kernel:
 
     def run(self, code: str) -> str:
         out = self.collect(self.send(code))
-        assert out["error"] is None, out["text"]
+        assert out["error"] is None, out["text"] + "\n" + self.stacks()
         return out["text"]
 
     def start_epoch(self) -> list[int]:
@@ -200,7 +229,7 @@ def notebook(request, tmp_path, ocr_lmdb):
     framework, slow_s = request.param
     kernel = Kernel(tmp_path)
     try:
-        kernel.run(setup_cell(framework, ocr_lmdb, slow_s))
+        kernel.run(setup_cell(framework, ocr_lmdb, slow_s, kernel.stacks_file))
         yield framework, kernel
     finally:
         kernel.close()
