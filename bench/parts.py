@@ -282,7 +282,7 @@ def cold_start(runner, preset: dict, data: dict, framework: str, log) -> list[di
 
 
 def uss_index(log) -> dict:
-    """Worker USS growth over an epoch with a 1M-entry index (tests/probes/uss_probe.py)."""
+    """Worker USS growth over an epoch with a 1M-entry index (bench/uss_probe.py)."""
     import numpy as np
 
     from datasets.synthetic import encode_image, imagenet_like
@@ -298,7 +298,7 @@ def uss_index(log) -> dict:
     out = {}
     for kind in ("numpy", "list"):
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "tests/probes/uss_probe.py"), str(folder), kind],
+            [sys.executable, str(ROOT / "bench/uss_probe.py"), str(folder), kind],
             cwd=ROOT,
             capture_output=True,
             text=True,

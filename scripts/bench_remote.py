@@ -3,7 +3,7 @@
 
   python scripts/bench_remote.py --mb 50 --runs 3
 
-Starts moto's S3 server on 127.0.0.1 (tests/s3_server.py, a separate process), uploads one
+Starts moto's S3 server on 127.0.0.1 (bench/s3_server.py, a separate process), uploads one
 LMDB of about --mb MB, then alternates cold (empty cache dir) and warm (the cache the cold run
 just filled) calls of datasets.remote.stage(), each with a fresh S3 client as a new training
 process would have, plus a warm call that reuses the client (a second dataset or a restarted
@@ -59,7 +59,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="cold/warm pairs (median reported)")
     args = parser.parse_args()
 
-    from tests.s3_server import S3TestServer
+    from bench.s3_server import S3TestServer
 
     started = time.perf_counter()
     import s3fs  # noqa: F401 - paid once per process, before cold and warm alike

@@ -2,7 +2,7 @@
 
     python -m pytest tests/test_remote.py -q
 
-Downloads are counted on the server side (tests/s3_server.py logs every request), so "no
+Downloads are counted on the server side (bench/s3_server.py logs every request), so "no
 re-download" and "exactly one download" are facts about HTTP traffic, not about our own logs.
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.s3_server import S3TestServer
 from datasets.remote import RemoteStorageError, is_remote, release, stage
-from tests.s3_server import S3TestServer
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = {"retries": 2, "backoff_s": 0.01, "timeout_s": 5.0}

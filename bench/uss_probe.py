@@ -1,7 +1,7 @@
 """Measure DataLoader workers' USS growth over an epoch with a 1M-entry sample index, for our
 numpy index and for a Python-list index (the pattern of pytorch issue 13246) as a control.
 
-  python tests/probes/uss_probe.py IMAGE_FOLDER numpy|list
+  python bench/uss_probe.py IMAGE_FOLDER numpy|list
 Prints JSON: {"growth_mb": [per worker], "samples": n}.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datasets.bad_samples import BadSampleLog  # noqa: E402
 from datasets.dataset import ImageClassTransform, RecordDataset  # noqa: E402

@@ -1,6 +1,6 @@
 """A real S3-compatible server on loopback for the remote-storage tests and benchmark.
 
-    python tests/s3_server.py          # prints "PORT <n>", then serves on 127.0.0.1:<n>
+    python bench/s3_server.py           # prints "PORT <n>", then serves on 127.0.0.1:<n>
 
 It is moto's standalone server app (the one ``moto_server`` runs) in its own process, so the
 server never competes with the client for the GIL, and wrapped in a small WSGI middleware that
