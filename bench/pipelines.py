@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from datasets.cache import DEFAULT_CACHE_DIR, DEFAULT_CACHE_MAX_BYTES
+
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 OCR_SHAPE = [3, 48, 320]
 MAX_TEXT_LENGTH = 25
@@ -68,8 +70,8 @@ def epoch_length(spec: dict, size: int) -> int:
 def _dataset_kwargs(spec: dict) -> dict:
     return {
         "cache": spec.get("cache", "none"),
-        "cache_dir": spec.get("cache_dir", ".cache/data"),
-        "cache_max_bytes": spec.get("cache_max_bytes", 1 << 30),
+        "cache_dir": spec.get("cache_dir", DEFAULT_CACHE_DIR),
+        "cache_max_bytes": spec.get("cache_max_bytes", DEFAULT_CACHE_MAX_BYTES),
     }
 
 

@@ -29,6 +29,11 @@ from datasets import owner_lock
 from datasets.handles import process_alive
 from datasets.shared_block import SharedBlock
 
+# The cache's defaults, here once: the dataset builders, the training config's data section
+# (train/config/schema.py) and the benchmark's pipelines use these.
+DEFAULT_CACHE_DIR = ".cache/data"
+DEFAULT_CACHE_MAX_BYTES = 2 << 30
+
 log = logging.getLogger(__name__)
 
 _MAGIC = 0x43414348_45763031  # "CACHEv01"

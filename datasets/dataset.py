@@ -25,7 +25,7 @@ import numpy as np
 from datasets import decode, faults, image_transforms
 from datasets.bad_samples import BadSampleLog, read_bad_keys, read_bad_kinds
 from datasets.batch_buffers import BatchBuffers
-from datasets.cache import SharedRecordCache
+from datasets.cache import DEFAULT_CACHE_DIR, DEFAULT_CACHE_MAX_BYTES, SharedRecordCache
 from datasets.errors import BAD_SAMPLE_KINDS, BadSampleError, DatasetError, TooManyBadSamplesError
 from datasets.handles import die_with_parent
 from datasets.in_flight import RAISED, RAISED_DATA_ERROR, InFlightTable
@@ -371,8 +371,8 @@ def _record_dataset(
     bad_keys_file=None,
     skip_keys_file=None,
     cache: str = "none",
-    cache_max_bytes: int = 1 << 30,
-    cache_dir: str | Path = ".cache/data",
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
     state_dir=None,
 ) -> RecordDataset:
     if cache not in ("none", "memory", "disk"):

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+from datasets.cache import DEFAULT_CACHE_DIR, DEFAULT_CACHE_MAX_BYTES
 from train.config.errors import ConfigError
 from train.tasks import MODEL_NAMES, TASK_NAMES
 
@@ -61,8 +62,8 @@ class DataConfig:
     image_size: PositiveInt = 224  # ResNet: random-resized crop for training
     eval_resize: PositiveInt = 256  # ResNet: resize the short side, then center-crop image_size
     cache: Literal["none", "memory", "disk"] = "none"  # shared by all workers, bounded below
-    cache_dir: str = ".cache/data"  # cache: disk keeps its memory-mapped file here
-    cache_max_bytes: ByteSize = 2 * GIB  # the cache's bound (memory or disk)
+    cache_dir: str = DEFAULT_CACHE_DIR  # cache: disk keeps its memory-mapped file here
+    cache_max_bytes: ByteSize = DEFAULT_CACHE_MAX_BYTES  # the cache's bound (memory or disk)
     max_bad_fraction: Fraction = 0.01  # abort when more samples than this fail to decode
     # An image with more pixels (read from its header, before decoding) is a bad sample of
     # kind image_too_large: 40 M fits ImageNet's largest photos and long text lines, and keeps a
