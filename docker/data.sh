@@ -50,7 +50,7 @@ case "${1:-}" in
             # --charset full: Latin + common Chinese characters (the image has a CJK font).
             as_train_user python scripts/make_synthetic.py ocr --out /data/ocr \
                 --num "${SYNTH_OCR_NUM:-6000}" --seed 0 --charset "${SYNTH_OCR_CHARSET:-full}" \
-                --quiet --overwrite
+                --max-len "${SYNTH_OCR_MAX_LEN:-10}" --quiet --overwrite
             say "wrote $(du -sh /data/ocr | cut -f1) of synthetic OCR data as uid $TRAIN_USER_UID"
         fi
         ;;

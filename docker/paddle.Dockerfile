@@ -22,13 +22,17 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
-# A CJK font so that `make_synthetic.py ocr --charset full` renders Chinese text lines (4 MB,
-# vs ~90 MB for fonts-noto-cjk); libGL/glib for opencv-python, which paddleocr pulls in.
+# DejaVu Sans, the font of `make train-ocr`'s digit and Latin lines, so data-ocr writes the same
+# lines as the host (with no Latin font they fall back to PIL's built-in one, which ignores the
+# size: lines too small to learn from in the smoke run's steps); a CJK font so that
+# `make_synthetic.py ocr --charset full` renders Chinese text lines (4 MB, vs ~90 MB for
+# fonts-noto-cjk); libGL/glib for opencv-python, which paddleocr pulls in.
 # Versions are not pinned: the same list is installed on Ubuntu 20.04 (this base), Ubuntu 22.04
 # (the PyTorch base) and Debian 12 (CI stand-in); the pinned base tag fixes the package set.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends fonts-wqy-microhei libgl1 libglib2.0-0 \
+    && apt-get install -y --no-install-recommends fonts-dejavu-core fonts-wqy-microhei \
+        libgl1 libglib2.0-0 \
     && rm -rf /var/lib/apt/lists/*
 
 # Non-root user, and every path a volume is mounted at (compose.yaml, k8s/), created here with the

@@ -18,15 +18,15 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
-# A CJK font for synthetic OCR data (the data services may run in either image); libGL/glib for
-# opencv; gcc and g++ for train.compile: TorchInductor compiles its CPU kernels with g++ and
-# Triton its CUDA launcher with gcc, and the runtime base has no compiler (its conda Python has
-# the headers both need). Not version-pinned: see docker/paddle.Dockerfile (same list on three
+# DejaVu Sans and a CJK font for synthetic OCR data, as in docker/paddle.Dockerfile (the data
+# services may run in either image); libGL/glib for opencv; gcc and g++ for train.compile:
+# TorchInductor compiles its CPU kernels with g++ and Triton its CUDA launcher with gcc, and the
+# runtime base has no compiler (its conda Python has the headers both need). Not version-pinned: see docker/paddle.Dockerfile (same list on three
 # distributions).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends fonts-wqy-microhei libgl1 libglib2.0-0 \
-        gcc g++ \
+    && apt-get install -y --no-install-recommends fonts-dejavu-core fonts-wqy-microhei \
+        libgl1 libglib2.0-0 gcc g++ \
     && rm -rf /var/lib/apt/lists/*
 
 # Non-root user, and every path a volume is mounted at (compose.yaml, k8s/), created here with the
