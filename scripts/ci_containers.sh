@@ -20,8 +20,10 @@
 #   8. smoke        `docker compose run --rm smoke-paddle` / `smoke-torch`: /dev/shm inside ==
 #                   the compose file's shm_size, then the pytest subset
 #   9. compose      with fresh volumes and no ./runs: `docker compose up train-ocr` (data-ocr
-#                   writes synthetic data as uid 1000, train-ocr trains, summary.json lands in
-#                   the runs folder on the host), a second scenario by OCR_CONFIG alone,
+#                   writes `make train-ocr`'s synthetic data as uid 1000, train-ocr trains its
+#                   300 steps and must read the held-out lines as well as the README says,
+#                   summary.json lands in the runs folder on the host), a second scenario by
+#                   OCR_CONFIG alone,
 #                   `docker compose run --rm doctor`, `docker compose up train-resnet50`,
 #                   one compiled step (train.compile=true) in the PyTorch image,
 #                   `docker compose stop train-ocr` then `up` again (resumes from the SIGTERM
