@@ -23,8 +23,8 @@ FRAMEWORKS = [
 
 @contextlib.contextmanager
 def every_core_kept_busy():
-    """One spinning process per core for the duration: issue #11 saw Paddle's descriptors grow
-    only when the host was loaded (pipes closing late), so the hygiene check runs under load."""
+    """One spinning process per core for the duration: Paddle's descriptors can grow only when
+    the host is loaded (its pipes close late), so the hygiene check runs under load."""
     spinners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(os.cpu_count() or 2)
