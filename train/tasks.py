@@ -3,9 +3,10 @@
 Framework-free. Everything outside the backends that depends on the task reads this table
 instead of asking for the task's name: the config (task and model names, each task's own
 checks), data building (train/data.py), the /dev/shm estimate (train/preflight.py), the doctor
-(train/doctor.py) and the loop's evaluation (train/loop.py). A backend adds only each task's
-loss and decoding, beside the models it builds (train/backends/torch/models.py,
-train/backends/paddle/models.py). docs/architecture.md shows how to add a task.
+(train/doctor.py) and the loop's evaluation (train/loop.py). A backend keys its loss and
+decoding by the task's loss kind (HEADS in train/backends/torch/models.py and
+train/backends/paddle/models.py), so a task with a loss they already have adds nothing there.
+docs/architecture.md shows how to add a task.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
     from datasets.dataset import RecordDataset
 
 Problem = tuple[str, str, str]  # a config problem: (dotted key, what is wrong, the fix)
+
+# The loss kinds a task can train with: each backend has a head (the loss on the model's scores
+# and their decoding into the metric's predictions) for each. "ctc": a class per time step, the
+# blank class 0 before the labels; "cross_entropy": one class per image.
+LOSSES = ("ctc", "cross_entropy")
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class Task:
     # Pixel normalization (x / 255 - mean) / std, per channel; one value: every channel.
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    loss: str  # one of LOSSES: the backends' head, and what the model's outputs mean
     metric: Callable[[], Metric]  # a fresh accumulator for one evaluation
     # (data config, path, *, train, seed, **sample policy) -> the dataset at path
     open_dataset: Callable[..., RecordDataset]
@@ -67,6 +74,10 @@ class Task:
     problems: Callable[[Any], Iterator[Problem]]
     # data fields naming files the dataset reads besides data.train and data.val
     input_files: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"task {self.name}: loss {self.loss!r} is not one of {LOSSES}")
 
     def model(self, name: str | None) -> Model:
         """The model called ``name`` (None: the task's default)."""
@@ -153,6 +164,7 @@ OCR = Task(
     label_keys=("label", "length"),
     mean=(0.5,),  # to [-1, 1], as PaddleOCR's recognizers
     std=(0.5,),
+    loss="ctc",
     metric=OcrMetric,
     open_dataset=_open_ocr,
     num_classes=lambda model, train_set: train_set.transform.char_dict.num_classes,
@@ -190,6 +202,7 @@ RESNET50 = Task(
     label_keys=("label",),
     mean=(0.485, 0.456, 0.406),  # ImageNet's, RGB
     std=(0.229, 0.224, 0.225),
+    loss="cross_entropy",
     metric=TopKMetric,
     open_dataset=_open_images,
     num_classes=lambda model, train_set: model.num_classes or len(train_set.source.class_names),

@@ -18,9 +18,9 @@ The loop calls only these methods, in this order:
         backend.save_state(tmp_dir)                           # checkpoint (atomic rename is ours)
 
 A backend is made for one task (train/tasks.py) and the ``train:`` section, and is handed the
-other sections where it uses them. What it does per task is only the loss and the decoding
-(HEADS in train/backends/<framework>/models.py); what needs no framework is written once in
-train/backends/common.py and train/schedule.py.
+other sections where it uses them. What it does per task is only the loss and the decoding,
+keyed by the task's loss kind (HEADS in train/backends/<framework>/models.py); what needs no
+framework is written once in train/backends/common.py and train/schedule.py.
 
 Batch layout from the loaders (uint8 on the host, fields as the task's dataset yields them):
   OCR:      {"image": uint8 [N, H, W, C] BGR, "label": int32 [N, L], "length": int32 [N]}

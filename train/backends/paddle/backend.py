@@ -66,7 +66,7 @@ class PaddleBackend(Backend):
         self._training_mode: bool | None = None
         self._stats: tuple[paddle.Tensor, paddle.Tensor] | None = None  # pixel scale, shift
         self._model_spec = None  # train/tasks.py's Model once built: its pixel contract
-        self._head = HEADS[self.task.name]  # the task's loss and decoding
+        self._head = HEADS[self.task.loss]  # the loss and decoding of the task's loss kind
         self._steps_table: paddle.Tensor | None = None  # (loss, nonfinite) per step, on device
         self._steps_recorded = 0  # its rows since the last read_steps()
 

@@ -1,11 +1,11 @@
-"""Models for the Paddle backend, and each task's loss and decoding.
+"""Models for the Paddle backend, and the loss and decoding of each loss kind.
 
 Which models exist, and their sizes, is train/tasks.py's; here each model family has its
 builder: "crnn" (written here, layer by layer from train/backends/common.py's plan: the
 paddleocr wheel ships no ppocr.modeling), "resnet" (paddle.vision's) and "ppocrv4"
-(train/backends/paddle/ppocrv4.py). HEADS holds what the
-backend does per task: the loss, and the decoding of the model's scores into the predictions
-the task's metric reads.
+(train/backends/paddle/ppocrv4.py). HEADS holds, by a task's loss kind (Task.loss), what the
+backend does with the model's logits: the loss, and their decoding into the predictions the
+task's metric reads.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def build_model(
     return FAMILIES[model.family](model, num_classes, input_shape, hidden_size)
 
 
-# ---------------------------------------------------------------- per task: loss and decoding
+# ---------------------------------------------------------------- per loss kind: loss and decoding
 @dataclass(frozen=True)
 class Head:
     loss: Callable[[paddle.Tensor, dict[str, paddle.Tensor]], paddle.Tensor]  # float32 logits
@@ -114,12 +114,12 @@ def _top5(logits: paddle.Tensor) -> np.ndarray:
     return pad_top_k(paddle.topk(logits, min(5, logits.shape[1]), axis=1)[1].numpy())
 
 
-HEADS = {
+HEADS = {  # by Task.loss (train/tasks.py's LOSSES)
     # Class per time step [N, T] (0 = blank); the metric decodes CTC greedily.
-    "ocr": Head(_ctc_loss, lambda logits: logits.argmax(axis=2).numpy().astype(np.int64)),
+    "ctc": Head(_ctc_loss, lambda logits: logits.argmax(axis=2).numpy().astype(np.int64)),
     # The mean taken here: cross_entropy's own reduction="mean" reads the ignore_index count
     # on the host (`if paddle.count_nonzero(...) > 0`), a device synchronization every step.
-    "resnet50": Head(
+    "cross_entropy": Head(
         lambda logits, batch: F.cross_entropy(logits, batch["label"], reduction="none").mean(),
         _top5,
     ),

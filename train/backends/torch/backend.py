@@ -62,7 +62,7 @@ class TorchBackend(Backend):
         self._model_spec = None  # train/tasks.py's Model once built: its pixel contract
         self._layout = torch.contiguous_format  # the batches' (and weights') memory format
         self._rank_rng_states: list[dict[str, Any]] | None = None  # gathered by prepare_save
-        self._head = HEADS[self.task.name]  # the task's loss and decoding
+        self._head = HEADS[self.task.loss]  # the loss and decoding of the task's loss kind
         self._steps_table: torch.Tensor | None = None  # (loss, nonfinite) per step, on device
         self._steps_recorded = 0  # its rows since the last read_steps()
 

@@ -1,10 +1,10 @@
-"""Models for the PyTorch backend, and each task's loss and decoding.
+"""Models for the PyTorch backend, and the loss and decoding of each loss kind.
 
 Which models exist, and their sizes, is train/tasks.py's; here each model family has its
 builder: "crnn" (written here, layer by layer from train/backends/common.py's plan),
-"resnet" (torchvision's) and "ppocrv4" (train/backends/torch/ppocrv4.py). HEADS holds what
-the backend does per task: the loss, and the decoding of the model's scores into the
-predictions the task's metric reads.
+"resnet" (torchvision's) and "ppocrv4" (train/backends/torch/ppocrv4.py). HEADS holds, by a
+task's loss kind (Task.loss), what the backend does with the model's scores: the loss, and
+their decoding into the predictions the task's metric reads.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def build_model(
     return FAMILIES[model.family].build(model, num_classes, input_shape, hidden_size)
 
 
-# ---------------------------------------------------------------- per task: loss and decoding
+# ---------------------------------------------------------------- per loss kind: loss and decoding
 @dataclass(frozen=True)
 class Head:
     loss: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]  # float32 scores
@@ -123,8 +123,8 @@ def _top5(scores: torch.Tensor) -> np.ndarray:
     return pad_top_k(top.cpu().numpy())
 
 
-HEADS = {
+HEADS = {  # by Task.loss (train/tasks.py's LOSSES)
     # Class per time step [N, T] (0 = blank); the metric decodes CTC greedily.
-    "ocr": Head(_ctc_loss, lambda scores: scores.argmax(2).cpu().numpy().astype(np.int64)),
-    "resnet50": Head(lambda scores, batch: F.cross_entropy(scores, batch["label"]), _top5),
+    "ctc": Head(_ctc_loss, lambda scores: scores.argmax(2).cpu().numpy().astype(np.int64)),
+    "cross_entropy": Head(lambda scores, batch: F.cross_entropy(scores, batch["label"]), _top5),
 }
