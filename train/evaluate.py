@@ -46,28 +46,25 @@ def add_model_arguments(parser: argparse.ArgumentParser, weights: bool = False) 
 
 
 def evaluate(config, backend, dataset, workers: int) -> dict:
-    """One pass over ``dataset`` with the backend's model: the task's metric, and for OCR the
-    accuracy per label length."""
+    """One pass over ``dataset`` with the backend's model: the task's metric, the sample count,
+    then the task's breakdowns (OCR: the accuracy per label length)."""
     from datasets.sampler import EpochSampler
     from train import tasks
-    from train.metrics import OcrLengthAccuracy
 
     loader = backend.make_loader(
         dataset, EpochSampler(len(dataset), shuffle=False), config.loader, workers, train=False
     )
-    metric = tasks.get(config.task).metric()
-    lengths = OcrLengthAccuracy() if config.task == "ocr" else None
+    task = tasks.get(config.task)
+    metric = task.metric()
+    breakdowns = {key: make() for key, make in task.breakdowns}
     samples = 0
     for batch in backend.device_batches(loader):
         predicted, labels = backend.predict(batch), backend.batch_labels(batch)
-        metric.update(predicted, labels)
-        if lengths is not None:
-            lengths.update(predicted, labels)
+        for accumulator in (metric, *breakdowns.values()):
+            accumulator.update(predicted, labels)
         samples += len(predicted)
     result = {**metric.summarize(metric.state()), "samples": samples}
-    if lengths is not None:
-        result["acc_by_length"] = lengths.summarize()
-    return result
+    return result | {key: breakdown.summarize() for key, breakdown in breakdowns.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

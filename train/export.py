@@ -36,9 +36,8 @@ def export(model, config, fmt: str, out: Path) -> list[Path]:
     labels = inference.labels_of(config)
     backend = inference.load_backend(model, config, labels)
     out.mkdir(parents=True, exist_ok=True)
-    input_shape = tasks.get(config.task).input_shape(config.data)
-    pad = inference.ocr_pad_value() if config.task == "ocr" else None
-    files = backend.export(out, fmt, input_shape, pad)
+    task = tasks.get(config.task)
+    files = backend.export(out, fmt, task.input_shape(config.data), task.pad_value())
     files += inference.write_contract(out, config, labels)
     spec_path = out / inference.CONTRACT_FILE
     spec = json.loads(spec_path.read_text(encoding="utf-8"))

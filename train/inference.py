@@ -3,12 +3,14 @@
 - the model a path names: a checkpoint (``checkpoints/step-X``, ``best/``) or a run directory
   (its best, else its latest), with the run's config (``config.resolved.yaml``);
 - the preprocessing contract (``preprocess.json`` beside exported weights): image shape, channel
-  order, resize, padding and normalization, the dictionary or class names; ``preprocess``
-  applies it to encoded images exactly as evaluation does (datasets/ocr_transforms.py,
-  datasets/image_transforms.py), then normalizes in float32 as the backends do on the device;
-- the decoding of a model's scores into text or labels with a score: OCR as PaddleOCR's
-  CTCLabelDecode (argmax per time step, repeats merged, blanks dropped; the score is the mean of
-  the kept steps' probabilities), ResNet the top class and its probability;
+  order, resize, padding and normalization, the dictionary or class names; the task's part
+  comes from its spec (Task.contract, train/tasks.py), and ``preprocess`` applies it to encoded
+  images exactly as evaluation does (Task.prepare_image), then normalizes in float32 as the
+  backends do on the device;
+- the decoding of a model's probabilities into text or labels with a score, by the task's loss
+  kind: CTC as PaddleOCR's CTCLabelDecode (argmax per time step, repeats merged, blanks dropped;
+  the score is the mean of the kept steps' probabilities), cross-entropy the top class and its
+  probability;
 - the inputs of train.predict: image files, folders, an OCR LMDB or an HDF5 file.
 
 The framework parts (running a checkpoint, exporting, the Paddle inference predictor) are in the
@@ -25,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from datasets.ocr_transforms import PAD_VALUE
 from train import checkpoint, tasks
 
 CONTRACT_FILE = "preprocess.json"
@@ -123,29 +124,20 @@ def run_config(model: TrainedModel, config_path: str | None = None, overrides=()
 
 
 def labels_of(config) -> list[str]:
-    """OCR: the dictionary's characters (class c is characters[c - 1], 0 the blank); ResNet:
-    the class names by id, from the config's training data (as training read them)."""
-    if config.task == "ocr":
-        from datasets.ocr_transforms import CharDict
-
-        return CharDict.from_file(config.data.char_dict, config.data.use_space_char).characters
-    dataset = tasks.get(config.task).open_dataset(config.data, config.data.train, train=False)
-    try:
-        names = list(dataset.source.class_names)
-    finally:
-        dataset.close()
-    count = config.model.num_classes or len(names)
-    return names[:count] + [f"class_{i}" for i in range(len(names), count)]
+    """The names of the model's classes by id, as training read them (Task.labels): OCR's
+    characters (class c is characters[c - 1], 0 the CTC blank), or the class names."""
+    return tasks.get(config.task).labels(config)
 
 
 def num_classes(config, labels: list[str]) -> int:
-    """The model's outputs: the characters and the CTC blank (OCR), or the classes."""
-    return len(labels) + 1 if config.task == "ocr" else len(labels)
+    """The model's outputs for ``labels``: with CTC's blank when the task's loss has one."""
+    return tasks.get(config.task).num_outputs(labels)
 
 
 # ---------------------------------------------------------------- the preprocessing contract
 def contract(config) -> dict:
-    """What an exported model expects and returns, written as preprocess.json beside it."""
+    """What an exported model expects and returns, written as preprocess.json beside it: what
+    every task's has, then the task's own part (Task.contract)."""
     task = tasks.get(config.task)
     common = {
         "task": config.task,
@@ -156,52 +148,14 @@ def contract(config) -> dict:
         "std": list(task.std),
         "layout": "NCHW float32",
     }
-    if config.task == "ocr":
-        channels, height, width = config.data.image_shape
-        return {
-            **common,
-            "image_shape": [channels, height, width],
-            "channel_order": "BGR (OpenCV's imread)",
-            "resize": (
-                f"to height {height} keeping the aspect ratio: width ceil({height} * w / h), "
-                f"at most {width}, bilinear (cv2.INTER_LINEAR) on the uint8 image"
-            ),
-            "pad": (
-                f"on the right to width {width}: uint8 {PAD_VALUE} before normalization "
-                f"({ocr_pad_value():.6f} after, as in training), or 0 after normalization as "
-                "PaddleOCR's resize_norm_img pads; the exported model reads an input of exactly "
-                "0 as that padding (no pixel normalizes to exactly 0)"
-            ),
-            "dictionary": DICT_FILE,
-            "use_space_char": config.data.use_space_char,
-            "output": "[N, T, 1 + characters] softmax probabilities; class 0 is the CTC blank",
-            "decode": "argmax per step, merge repeats, drop blanks (PaddleOCR CTCLabelDecode)",
-        }
-    return {
-        **common,
-        "image_size": config.data.image_size,
-        "eval_resize": config.data.eval_resize,
-        "channel_order": "RGB",
-        "resize": (
-            f"short side to {config.data.eval_resize}, then a center crop of "
-            f"{config.data.image_size} x {config.data.image_size} (bilinear)"
-        ),
-        "classes": CLASSES_FILE,
-        "output": "[N, classes] softmax probabilities",
-    }
-
-
-def ocr_pad_value() -> float:
-    """The padding of an OCR line after normalization: PAD_VALUE (uint8) normalized."""
-    scale, shift = tasks.OCR.pixel_scale_shift()
-    return float(np.float32(PAD_VALUE) * scale.ravel()[0] + shift.ravel()[0])
+    return {**common, **task.contract(config)}
 
 
 def write_contract(directory: Path, config, labels: list[str]) -> list[Path]:
     """preprocess.json and the dictionary or class names, in ``directory``."""
     spec = contract(config)
     names = directory / (spec.get("dictionary") or spec["classes"])
-    if config.task == "ocr" and config.data.use_space_char:
+    if spec.get("use_space_char"):
         labels = labels[:-1]  # CharDict appended the space; PaddleOCR appends it itself
     names.write_text("".join(f"{label}\n" for label in labels), encoding="utf-8")
     path = directory / CONTRACT_FILE
@@ -221,25 +175,15 @@ def read_contract(directory: Path) -> tuple[dict, list[str]]:
     names_file = Path(directory) / (spec.get("dictionary") or spec["classes"])
     labels = [line.rstrip("\r") for line in names_file.read_text(encoding="utf-8").split("\n")]
     labels = [label for label in labels if label]
-    if spec["task"] == "ocr" and spec["use_space_char"]:
-        labels.append(" ")
+    if spec.get("use_space_char"):
+        labels.append(" ")  # the space the dictionary file leaves out, as PaddleOCR reads it
     return spec, labels
 
 
 def preprocess(spec: dict, encoded: list[bytes]) -> np.ndarray:
     """Encoded images -> the model's float32 NCHW batch, as evaluation builds it."""
     task = tasks.get(spec["task"])
-    if spec["task"] == "ocr":
-        from datasets.decode import decode_bgr
-        from datasets.ocr_transforms import resize_and_pad
-
-        shape = tuple(spec["image_shape"])
-        images = [resize_and_pad(decode_bgr(data), shape)[0] for data in encoded]
-    else:
-        from datasets.image_transforms import eval_transform
-
-        size, resize = spec["image_size"], spec["eval_resize"]
-        images = [eval_transform(data, size, resize) for data in encoded]
+    images = [task.prepare_image(spec, data) for data in encoded]
     batch = np.stack(images).transpose(0, 3, 1, 2).astype(np.float32)
     scale, shift = task.pixel_scale_shift()
     return batch * scale + shift
@@ -251,22 +195,35 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return exp / exp.sum(axis=-1, keepdims=True)
 
 
-def decode(task: str, probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:
-    """(text or label, score) per row of a batch of probabilities."""
+def decode(task_name: str, probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:
+    """(text or label, score) per row of a batch of probabilities, by the task's loss kind."""
+    return DECODERS[tasks.get(task_name).loss](probabilities, labels)
+
+
+def _decode_ctc(probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:
+    """[N, T, 1 + labels]: best path, repeats merged, blanks (class 0) dropped, the labels
+    joined into text; the score is the mean probability of the kept steps."""
     results = []
-    if task == "ocr":
-        classes, best = probabilities.argmax(axis=2), probabilities.max(axis=2)
-        for row, probs in zip(classes, best):
-            keep = np.ones(len(row), dtype=bool)
-            keep[1:] = row[1:] != row[:-1]
-            keep &= row != 0
-            text = "".join(labels[c - 1] for c in row[keep])
-            results.append((text, float(probs[keep].mean()) if keep.any() else 0.0))
-        return results
+    classes, best = probabilities.argmax(axis=2), probabilities.max(axis=2)
+    for row, probs in zip(classes, best):
+        keep = np.ones(len(row), dtype=bool)
+        keep[1:] = row[1:] != row[:-1]
+        keep &= row != 0
+        text = "".join(labels[c - 1] for c in row[keep])
+        results.append((text, float(probs[keep].mean()) if keep.any() else 0.0))
+    return results
+
+
+def _decode_top_class(probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:
+    """[N, labels]: the most probable label and its probability."""
+    results = []
     for probs in probabilities:
         top = int(probs.argmax())
         results.append((labels[top], float(probs[top])))
     return results
+
+
+DECODERS = {"ctc": _decode_ctc, "cross_entropy": _decode_top_class}  # by Task.loss
 
 
 # ---------------------------------------------------------------- inputs of train.predict

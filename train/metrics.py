@@ -21,6 +21,14 @@ class Metric(Protocol):
     def summarize(state: np.ndarray) -> dict[str, float]: ...
 
 
+class Breakdown(Protocol):
+    """A figure train.evaluate reports beside the metric's (Task.breakdowns): accumulated over
+    one evaluation in one process, never reduced over ranks."""
+
+    def update(self, predicted: np.ndarray, labels: dict[str, np.ndarray]) -> None: ...
+    def summarize(self) -> dict: ...
+
+
 def ctc_greedy_decode(classes: np.ndarray) -> list[list[int]]:
     """Best-path CTC decoding: per row, merge repeated classes, then drop blanks (class 0)."""
     decoded = []

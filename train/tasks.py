@@ -3,7 +3,9 @@
 Framework-free. Everything outside the backends that depends on the task reads this table
 instead of asking for the task's name: the config (task and model names, each task's own
 checks), data building (train/data.py), the /dev/shm estimate (train/preflight.py), the doctor
-(train/doctor.py) and the loop's evaluation (train/loop.py). A backend keys its loss and
+(train/doctor.py), the loop's evaluation (train/loop.py), and after training train.evaluate,
+train.export and train.predict (train/inference.py: the labels, the preprocessing contract, the
+padding, the decoding by loss kind, evaluation's breakdowns). A backend keys its loss and
 decoding by the task's loss kind (HEADS in train/backends/torch/models.py and
 train/backends/paddle/models.py), so a task with a loss they already have adds nothing there.
 docs/architecture.md shows how to add a task.
@@ -11,13 +13,13 @@ docs/architecture.md shows how to add a task.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from train.metrics import Metric, OcrMetric, TopKMetric
+from train.metrics import Breakdown, Metric, OcrLengthAccuracy, OcrMetric, TopKMetric
 
 if TYPE_CHECKING:
     from datasets.dataset import RecordDataset
@@ -72,8 +74,23 @@ class Task:
     sample_bytes: Callable[[Any], int]
     # data config -> what the config gets wrong for this task (the config's own checks)
     problems: Callable[[Any], Iterator[Problem]]
+    # After training (train/inference.py).
+    # config -> the names of the model's classes by id, as training read them (OCR: the
+    # dictionary's characters, which follow CTC's blank)
+    labels: Callable[[Any], list[str]]
+    # config -> the task's part of the preprocessing contract (preprocess.json): input shape,
+    # channel order, resize, padding, the labels file, the output and its decoding
+    contract: Callable[[Any], dict]
+    # (preprocess.json, encoded image) -> the uint8 HWC image the model reads, as evaluation
+    # builds it; the task's normalization follows
+    prepare_image: Callable[[dict, bytes], np.ndarray]
     # data fields naming files the dataset reads besides data.train and data.val
     input_files: tuple[str, ...] = ()
+    # The uint8 value the task's transforms pad an image with to the input's width (None: they
+    # never pad). A callable: the transforms import OpenCV, which this table does not need.
+    pad_pixel: Callable[[], int] | None = None
+    # train.evaluate's figures besides the metric's: (key in its report, a fresh accumulator)
+    breakdowns: tuple[tuple[str, Callable[[], Breakdown]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -88,6 +105,19 @@ class Task:
     @property
     def model_names(self) -> tuple[str, ...]:
         return tuple(model.name for model in self.models)
+
+    def num_outputs(self, labels: Sequence[str]) -> int:
+        """The model's outputs for ``labels``: CTC's blank is class 0, before them."""
+        return len(labels) + (1 if self.loss == "ctc" else 0)
+
+    def pad_value(self) -> float | None:
+        """pad_pixel after the task's normalization (one value: the task normalizes every
+        channel alike), None when the task never pads. An exported model reads an input of
+        exactly 0 as this padding (train/backends/*/export.py)."""
+        if self.pad_pixel is None:
+            return None
+        scale, shift = self.pixel_scale_shift()
+        return float(np.float32(self.pad_pixel()) * scale.ravel()[0] + shift.ravel()[0])
 
     def pixel_scale_shift(self, model: Model | None = None) -> tuple[np.ndarray, np.ndarray]:
         """float32 arrays [1, C, 1, 1] (C = 1: every channel) with which uint8 pixels x
@@ -118,6 +148,51 @@ def _open_ocr(data, path: str, *, train: bool, seed: int = 0, **policy) -> Recor
         max_image_pixels=data.max_image_pixels,
         **policy,
     )
+
+
+def _ocr_characters(config) -> list[str]:
+    from datasets.ocr_transforms import CharDict
+
+    return CharDict.from_file(config.data.char_dict, config.data.use_space_char).characters
+
+
+def _ocr_pad_pixel() -> int:
+    from datasets.ocr_transforms import PAD_VALUE
+
+    return PAD_VALUE
+
+
+def _ocr_contract(config) -> dict:
+    from train.inference import DICT_FILE
+
+    channels, height, width = config.data.image_shape
+    return {
+        "image_shape": [channels, height, width],
+        "channel_order": "BGR (OpenCV's imread)",
+        "resize": (
+            f"to height {height} keeping the aspect ratio: width ceil({height} * w / h), "
+            f"at most {width}, bilinear (cv2.INTER_LINEAR) on the uint8 image"
+        ),
+        "pad": (
+            f"on the right to width {width}: uint8 {_ocr_pad_pixel()} before normalization "
+            f"({OCR.pad_value():.6f} after, as in training), or 0 after normalization as "
+            "PaddleOCR's resize_norm_img pads; the exported model reads an input of exactly "
+            "0 as that padding (no pixel normalizes to exactly 0)"
+        ),
+        # The dictionary file leaves out the space that use_space_char appends, as PaddleOCR's
+        # dictionaries do: PaddleOCR appends it itself (train/inference.py, write_contract).
+        "dictionary": DICT_FILE,
+        "use_space_char": config.data.use_space_char,
+        "output": "[N, T, 1 + characters] softmax probabilities; class 0 is the CTC blank",
+        "decode": "argmax per step, merge repeats, drop blanks (PaddleOCR CTCLabelDecode)",
+    }
+
+
+def _prepare_line(spec: dict, encoded: bytes) -> np.ndarray:
+    from datasets.decode import decode_bgr
+    from datasets.ocr_transforms import resize_and_pad
+
+    return resize_and_pad(decode_bgr(encoded), tuple(spec["image_shape"]))[0]
 
 
 def _ocr_sample_bytes(data) -> int:
@@ -171,7 +246,12 @@ OCR = Task(
     input_shape=lambda data: tuple(data.image_shape),
     sample_bytes=_ocr_sample_bytes,
     problems=_ocr_problems,
+    labels=_ocr_characters,
+    contract=_ocr_contract,
+    prepare_image=_prepare_line,
     input_files=("char_dict",),
+    pad_pixel=_ocr_pad_pixel,
+    breakdowns=(("acc_by_length", OcrLengthAccuracy),),
 )
 
 
@@ -188,6 +268,38 @@ def _open_images(data, path: str, *, train: bool, seed: int = 0, **policy) -> Re
         max_image_pixels=data.max_image_pixels,
         **policy,
     )
+
+
+def _class_names(config) -> list[str]:
+    """The training data's class names by id, cut or extended (class_<id>) to
+    model.num_classes when the config sets it."""
+    dataset = _open_images(config.data, config.data.train, train=False)
+    try:
+        names = list(dataset.source.class_names)
+    finally:
+        dataset.close()
+    count = config.model.num_classes or len(names)
+    return names[:count] + [f"class_{i}" for i in range(len(names), count)]
+
+
+def _image_contract(config) -> dict:
+    from train.inference import CLASSES_FILE
+
+    size, resize = config.data.image_size, config.data.eval_resize
+    return {
+        "image_size": size,
+        "eval_resize": resize,
+        "channel_order": "RGB",
+        "resize": (f"short side to {resize}, then a center crop of {size} x {size} (bilinear)"),
+        "classes": CLASSES_FILE,
+        "output": "[N, classes] softmax probabilities",
+    }
+
+
+def _prepare_image(spec: dict, encoded: bytes) -> np.ndarray:
+    from datasets.image_transforms import eval_transform
+
+    return eval_transform(encoded, spec["image_size"], spec["eval_resize"])
 
 
 def _resnet_problems(data) -> Iterator[Problem]:
@@ -209,6 +321,9 @@ RESNET50 = Task(
     input_shape=lambda data: (3, data.image_size, data.image_size),
     sample_bytes=lambda data: 3 * data.image_size**2 + 8,  # RGB image, int64 label
     problems=_resnet_problems,
+    labels=_class_names,
+    contract=_image_contract,
+    prepare_image=_prepare_image,
 )
 
 
