@@ -58,15 +58,25 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _spec(task: str, items: int, batch_size: int) -> dict:
-    from bench.data import image_data, ocr_data
+def _ocr_inputs(items: int) -> dict:
+    from bench.data import ocr_data
 
+    data = ocr_data(items)
+    return {"lmdb": data["mixed"], "charset": data["charset"]}
+
+
+def _image_inputs(items: int) -> dict:
+    from bench.data import image_data
+
+    return image_data(items)
+
+
+INPUTS = {"ocr": _ocr_inputs, "resnet50": _image_inputs}  # items -> a task's data, as ARMS read it
+
+
+def _spec(task: str, items: int, batch_size: int) -> dict:
     # No "batches": an epoch is then the dataset itself (bench.pipelines.epoch_length).
-    spec = {"batch_size": batch_size, "workers": 0}
-    if task == "ocr":
-        data = ocr_data(items)
-        return {**spec, "lmdb": data["mixed"], "charset": data["charset"]}
-    return {**spec, **image_data(items)}
+    return {"batch_size": batch_size, "workers": 0, **INPUTS[task](items)}
 
 
 def run_child(arm: str, spec: dict, passes: int) -> None:

@@ -42,11 +42,11 @@ def throughput_table(results: dict) -> str:
         ("paired_ratios", "paired ratio"),  # median over the rounds of the round's own ratio
         ("cpu_ratios", "CPU ratio"),  # the peer's CPU time per sample over ours
     )
-    for task in ("resnet50", "ocr"):
+    for task_name in ("resnet50", "ocr"):
         for key, label in kinds:
-            for name, by_workers in results.get(task, {}).get(key, {}).items():
+            for name, by_workers in results.get(task_name, {}).get(key, {}).items():
                 cells = " | ".join(_fmt(by_workers.get(w), 2) for w in workers)
-                lines.append(f"| {task} {label} {name} | {cells} |")
+                lines.append(f"| {task_name} {label} {name} | {cells} |")
     return "\n".join(lines)
 
 
@@ -170,20 +170,22 @@ def plots(results: dict, out_prefix: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     written = []
-    for task in ("resnet50", "ocr"):
-        if task not in results:
+    for task_name in ("resnet50", "ocr"):
+        if task_name not in results:
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        for arm, row in results[task].items():
+        for arm, row in results[task_name].items():
             speeds = row.get("samples_per_s") if isinstance(row, dict) else None
             if not speeds or arm in ("ratios", "paired_ratios", "cpu_ratios", "settings"):
                 continue
             points = sorted((int(w), s) for w, s in speeds.items() if s)
             ax.plot(*zip(*points), marker="o", label=arm)
-        ax.set(xlabel="num_workers", ylabel="samples/s", title=f"{task}: throughput vs workers")
+        ax.set(
+            xlabel="num_workers", ylabel="samples/s", title=f"{task_name}: throughput vs workers"
+        )
         ax.legend()
         ax.grid(alpha=0.3)
-        path = Path(f"{out_prefix}-{task}-workers.png")
+        path = Path(f"{out_prefix}-{task_name}-workers.png")
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(str(path))

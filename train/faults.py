@@ -76,8 +76,8 @@ def _kill_a_worker(step: int, kind: str) -> None:
     dead-worker check (its SIGCHLD handler) a second to notice."""
     children = [
         int(pid)
-        for task in Path("/proc/self/task").iterdir()
-        for pid in (task / "children").read_text().split()
+        for thread_dir in Path("/proc/self/task").iterdir()
+        for pid in (thread_dir / "children").read_text().split()
     ]
     if not children:
         raise RuntimeError(f"{ENV}={kind}@{step}: this trainer has no loader worker to kill")

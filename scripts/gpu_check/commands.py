@@ -7,6 +7,7 @@ every command of both plans, the GPU one included, wherever it runs (make test r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from .plan import (
     AMP_DTYPES,
@@ -20,17 +21,28 @@ from .plan import (
 from .util import sets
 
 
+class SyntheticData(NamedTuple):
+    """Where a task's synthetic data lies under WORK/data, as helpers.py writes it."""
+
+    split: str  # a split's path, {split} for its name: "train" or "val"
+    files: tuple[tuple[str, str], ...] = ()  # (data field, path) of the task's other inputs
+
+
+SYNTHETIC_DATA = {
+    "ocr": SyntheticData("ocr/{split}", (("data.char_dict", "ocr/charset.txt"),)),
+    "resnet50": SyntheticData("imagenet/{split}.h5"),
+}
+
+
 def data_sets(work: Path, task: str, val: bool = True, train_split: str = "train") -> list[str]:
-    """--set items for the synthetic data: OCR LMDBs or HDF5 files, by split."""
-    data = work / "data"
-    if task == "ocr":
-        split = {name: data / "ocr" / name for name in ("train", "val")}
-        items = [f"data.char_dict={data / 'ocr' / 'charset.txt'}"]
-    else:
-        split = {name: data / "imagenet" / f"{name}.h5" for name in ("train", "val")}
-        items = []
-    items.append(f"data.train={split[train_split]}")
-    items.append(f"data.val={split['val']}" if val else "data.val=null")
+    """--set items for ``task``'s synthetic data (OCR LMDBs or HDF5 files, by split) and the
+    files it reads besides."""
+    data, synthetic = work / "data", SYNTHETIC_DATA[task]
+    items = [f"{field}={data / path}" for field, path in synthetic.files]
+    items.append(f"data.train={data / synthetic.split.format(split=train_split)}")
+    items.append(
+        f"data.val={data / synthetic.split.format(split='val')}" if val else "data.val=null"
+    )
     return items
 
 
@@ -195,21 +207,21 @@ def all_train_commands(plan: Plan, work: Path) -> dict[str, list[str]]:
     name = f"throughput.loader.w{LOADER_WORKERS}"
     commands[name] = bench_args(plan, work, name)
     commands["prefetcher.off"] = bench_args(plan, work, "prefetcher.off", prefetch=False)
-    for framework, task in COMPILE_RUNS:
+    for framework, task_name in COMPILE_RUNS:
         for compiled in (False, True):
-            name = f"compile.{framework}.{task}.{'on' if compiled else 'off'}"
-            commands[name] = compile_args(plan, work, framework, task, compiled)
+            name = f"compile.{framework}.{task_name}.{'on' if compiled else 'off'}"
+            commands[name] = compile_args(plan, work, framework, task_name, compiled)
     for leg in RING_LEGS:
         commands[f"throughput.paddle.ocr.ring_{leg}"] = ring_args(plan, work, leg)
     for framework in FRAMEWORKS:
-        for task in TASKS:
+        for task_name in TASKS:
             for dtype in AMP_DTYPES:
-                name = f"amp.{framework}.{task}.{dtype}"
-                commands[name] = amp_args(plan, work, framework, task, dtype)
-    for framework, task in (("torch", "resnet50"), ("paddle", "ocr")):
+                name = f"amp.{framework}.{task_name}.{dtype}"
+                commands[name] = amp_args(plan, work, framework, task_name, dtype)
+    for framework, task_name in (("torch", "resnet50"), ("paddle", "ocr")):
         for leg, label in ((1, "1"), (2, "2"), (0, "straight")):
-            commands[f"smoke.{framework}.{task}.{label}"] = smoke_args(
-                plan, work, framework, task, leg
+            commands[f"smoke.{framework}.{task_name}.{label}"] = smoke_args(
+                plan, work, framework, task_name, leg
             )
     commands["finetune.paddle.ppocrv4"] = finetune_args(plan, work, None)
     return commands

@@ -274,7 +274,7 @@ def timed(report: dict, ctx: Context) -> None:
         ("throughput.synthetic", check_synthetic, ()),
         (run_checks()[1], check_loader, ()),
         ("prefetcher.off", check_loader, (True,)),
-        *((f"compile.{fw}.{task}", check_compile, (fw, task)) for fw, task in COMPILE_RUNS),
+        *((f"compile.{fw}.{name}", check_compile, (fw, name)) for fw, name in COMPILE_RUNS),
         *((f"throughput.paddle.ocr.ring_{leg}", check_ring, (leg,)) for leg in RING_LEGS),
     ]
     for name, func, args in order:
@@ -287,11 +287,12 @@ def correctness(report: dict, ctx: Context) -> None:
     timed, so several run at once (started in this order while the budget lasts)."""
     jobs: list[tuple] = []
     for framework in FRAMEWORKS:
-        for task in TASKS:
+        for task_name in TASKS:
             for dtype in AMP_DTYPES:
-                jobs.append((f"amp.{framework}.{task}.{dtype}", check_amp, framework, task, dtype))
-    for framework, task in (("torch", "resnet50"), ("paddle", "ocr")):
-        jobs.append((f"smoke.{framework}.{task}", check_smoke, framework, task))
+                name = f"amp.{framework}.{task_name}.{dtype}"
+                jobs.append((name, check_amp, framework, task_name, dtype))
+    for framework, task_name in (("torch", "resnet50"), ("paddle", "ocr")):
+        jobs.append((f"smoke.{framework}.{task_name}", check_smoke, framework, task_name))
     jobs.append(("finetune.paddle.ppocrv4", check_finetune))
     jobs.append(("dist.torch.gloo2", check_dist))
     jobs = [job for job in jobs if _ready(report, ctx, job[0])]

@@ -29,10 +29,13 @@ SETUP_CHECKS = ["setup.torch", "setup.paddle", "configs", "data"]
 def run_checks() -> list[str]:
     """The checks of `run`, most important first: a budget cut loses the tail."""
     names = ["throughput.synthetic", f"throughput.loader.w{LOADER_WORKERS}", "prefetcher.off"]
-    names += [f"compile.{framework}.{task}" for framework, task in COMPILE_RUNS]
+    names += [f"compile.{framework}.{task_name}" for framework, task_name in COMPILE_RUNS]
     names += [f"throughput.paddle.ocr.ring_{leg}" for leg in RING_LEGS]
     names += [
-        f"amp.{fw}.{task}.{dtype}" for fw in FRAMEWORKS for task in TASKS for dtype in AMP_DTYPES
+        f"amp.{fw}.{task_name}.{dtype}"
+        for fw in FRAMEWORKS
+        for task_name in TASKS
+        for dtype in AMP_DTYPES
     ]
     names += ["smoke.torch.resnet50", "smoke.paddle.ocr"]
     return names + ["finetune.paddle.ppocrv4", "dist.torch.gloo2"]
@@ -114,11 +117,11 @@ GPU_PLAN = Plan(
     smoke_steps=(80, 120),
     smoke_split="train",
     smoke_sets={
-        task: ("train.log_every=10", "train.eval_every=40", "train.checkpoint_every=40")
-        for task in TASKS
+        task_name: ("train.log_every=10", "train.eval_every=40", "train.checkpoint_every=40")
+        for task_name in TASKS
     },
     amp_steps=24,
-    amp_sets={task: ("train.log_every=4",) for task in TASKS},
+    amp_sets={task_name: ("train.log_every=4",) for task_name in TASKS},
     bench_sets=(),
     bench_batch=128,
     ocr_bench_sets=(),
