@@ -83,6 +83,42 @@ def test_num_classes_come_from_the_data_unless_the_config_says():
     assert resnet.num_classes(ModelConfig(num_classes=1000), fake) == 1000
 
 
+def test_after_training_the_labels_give_the_outputs_training_built(ocr_lmdb, image_h5):
+    """train.evaluate, export and predict build the model from Task.labels and the loss kind:
+    the same outputs as training's num_classes from the data."""
+    configs = {
+        "ocr": {"train": str(ocr_lmdb), "char_dict": str(ocr_lmdb.parent / "charset.txt")},
+        "resnet50": {"train": str(image_h5), "image_size": 64, "eval_resize": 72},
+    }
+    for name, data in configs.items():
+        config = config_from_dict({"task": name, "framework": "torch", "data": data})
+        task = tasks.get(name)
+        dataset = task.open_dataset(config.data, config.data.train, train=False)
+        trained = task.num_classes(config.model, dataset)
+        dataset.close()
+        assert task.num_outputs(task.labels(config)) == trained, name
+
+
+def test_each_loss_kind_decodes_after_training_and_a_task_needs_a_known_one():
+    from dataclasses import replace
+
+    from train import inference
+
+    assert set(inference.DECODERS) == set(tasks.LOSSES)
+    with pytest.raises(ValueError, match="loss 'focal'"):
+        replace(tasks.get("resnet50"), loss="focal")
+
+
+def test_the_pad_value_is_the_padding_pixel_normalized():
+    """OCR pads lines with uint8 128 (datasets/ocr_transforms.py), 1/255 after [-1, 1]; the
+    exported model reads 0 as it. ResNet never pads."""
+    from datasets.ocr_transforms import PAD_VALUE
+
+    assert tasks.get("ocr").pad_pixel() == PAD_VALUE
+    assert tasks.get("ocr").pad_value() == pytest.approx((PAD_VALUE / 255 - 0.5) / 0.5, abs=1e-6)
+    assert tasks.get("resnet50").pad_value() is None
+
+
 # ---------------------------------------------------------------- train/backends/common.py
 def test_stack_samples_and_top_k_padding():
     samples = [{"image": np.full((2, 3), i, np.uint8), "label": np.int64(i)} for i in range(4)]
