@@ -28,19 +28,85 @@ from train import faults
 from train.errors import CheckpointError, WorkerDiedError  # raised here; main maps them
 
 log = logging.getLogger(__name__)
+run_log = logging.getLogger("train")  # the loop's logger: what a resume decides about the run
 
 
 @dataclass
 class Position:
+    """Where a run stands, and how it maps onto another number of ranks."""
+
     epoch: int = 0
     step: int = 0  # optimizer steps done, each of world_size x loader.batch_size samples
     epoch_samples: int = 0  # samples of the current epoch consumed, by all ranks together
     # How many ranks the checkpoint's steps were taken on, and the run's first launch (whose
     # global batch train.max_steps and optim.warmup_steps count): a resume on another number
-    # of ranks converts the position (train/loop.py, Run.reshard). 0: a checkpoint from before
-    # they were recorded, taken to be from the resuming world size.
+    # of ranks converts the position (reshard). 0: a checkpoint from before they were
+    # recorded, taken to be from the resuming world size (start_position).
     world_size: int = 0
     started_world_size: int = 0
+
+    @property
+    def step_scale(self) -> float:
+        """Steps of the first launch's global batch per step of this world size's."""
+        return self.started_world_size / self.world_size
+
+    def reshard(self, world_size: int, sampler, steps_per_epoch: int, config, backend) -> int:
+        """Continue on ``world_size`` ranks as the same training in samples; return the run's
+        last step. The epoch goes on with the samples not yet read (``sampler`` deals them out
+        to this world size) and later epochs take ``steps_per_epoch``; the step count,
+        train.max_steps and the warmup are converted to this world size's global batch
+        (loader.batch_size per rank, so the global batch changes), and the backend's schedule
+        with them, so the learning-rate curve continues where it was. The learning rate itself
+        is not rescaled for the new global batch; that stays the config's choice."""
+        saved_world, saved_step = self.world_size, self.step
+        batch_size, train_cfg = config.loader.batch_size, config.train
+        self.step = round(saved_step * saved_world / world_size)
+        self.world_size = world_size
+        sampler.set_epoch(self.epoch, consumed=self.epoch_samples)
+        rest_of_epoch = len(sampler) // batch_size
+        later_epochs = train_cfg.epochs - self.epoch - 1
+        epochs_end = self.step + rest_of_epoch + later_epochs * steps_per_epoch
+        total_steps = last_step(train_cfg, epochs_end, self.step_scale)
+        warmup = round(config.optim.warmup_steps * self.step_scale)
+        backend.reschedule(self.step, total_steps, warmup)
+        run_log.warning(
+            "resuming a checkpoint of %d rank(s) on %d: global batch %d -> %d, step %d -> %d of "
+            "%d (the same samples seen and learning-rate progress); the epoch's %d samples read "
+            "so far are not read again. The learning rate is not rescaled for the new batch.",
+            saved_world,
+            world_size,
+            batch_size * saved_world,
+            batch_size * world_size,
+            saved_step,
+            self.step,
+            total_steps,
+            self.epoch_samples,
+        )
+        return total_steps
+
+
+def last_step(train_cfg, epochs_end: int, step_scale: float = 1.0) -> int:
+    """The run's last step: the end of train.epochs (``epochs_end``) or train.max_steps,
+    whichever comes first. train.max_steps counts steps of the first launch's global batch
+    (``step_scale``: Position.step_scale)."""
+    if train_cfg.max_steps is None:
+        return epochs_end
+    return min(epochs_end, max(1, round(train_cfg.max_steps * step_scale)))
+
+
+def start_position(run_dir: Path, backend, config, resume: bool, world_size: int) -> Position:
+    """Where the run starts: step 0 on ``world_size`` ranks or, with ``resume``, the newest
+    usable checkpoint's position (restore, which loads its state into ``backend``). Its world
+    sizes are filled in where the checkpoint predates them; when it was taken on another
+    number of ranks, its world_size still says so, for the caller to reshard."""
+    if not resume:
+        return Position(world_size=world_size, started_world_size=world_size)
+    position = restore(run_dir, backend, config)
+    if not position.world_size:  # then epoch_samples counted one rank's samples
+        position.epoch_samples *= world_size
+        position.world_size = world_size
+    position.started_world_size = position.started_world_size or world_size
+    return position
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError, ValueError):
@@ -190,6 +256,24 @@ def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> 
     touched only once the new one is complete."""
     with worker_exits_after_save(position.step):
         return _save(run_dir, backend, position, keep_last, config)
+
+
+def save_on_every_rank(
+    run_dir: Path, backend, position: Position, config, is_main: bool
+) -> WorkerDiedError | None:
+    """Every rank's part of a checkpoint of ``position`` (backend.prepare_save), written by
+    rank 0 (``is_main``); every rank returns once it is on disk. A loader worker that died
+    while it was written is returned, not raised, for the caller to raise once it has recorded
+    the checkpoint: it is complete, and the other ranks have passed the barrier too."""
+    died = None
+    backend.prepare_save()  # every rank: what rank 0's checkpoint holds per rank
+    if is_main:
+        try:
+            save(run_dir, backend, position, config.train.keep_last, config)
+        except WorkerDiedError as error:  # saved; raised once the other ranks have it too
+            died = error
+    backend.barrier()
+    return died
 
 
 def _save(run_dir: Path, backend, position: Position, keep_last: int, config) -> Path:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datasets.dataset import RecordDataset
+from datasets.errors import DatasetError
+from datasets.sampler import EpochSampler
 from train import tasks
 
 log = logging.getLogger(__name__)
@@ -73,3 +75,27 @@ def build_run_data(config, run_dir: Path, local_data=None) -> RunData:
         )
     num_classes = task.num_classes(config.model, built["train"])
     return RunData(built["train"], built.get("val"), num_classes)
+
+
+def make_loaders(config, backend, dist, data: RunData, workers: int):
+    """This rank's share of each epoch, in batches of uint8 arrays: the training sampler and
+    loader, and the validation ones (None without validation data)."""
+    loader_cfg = config.loader
+    sampler = EpochSampler(
+        len(data.train), shuffle=True, seed=config.seed, rank=dist.rank, world_size=dist.world_size
+    )
+    backend.set_cpu_threads(workers)
+    loader = backend.make_loader(data.train, sampler, loader_cfg, workers, train=True)
+    val_sampler = val_loader = None
+    if data.val is not None:
+        val_sampler = EpochSampler(
+            len(data.val), shuffle=False, rank=dist.rank, world_size=dist.world_size
+        )
+        val_loader = backend.make_loader(data.val, val_sampler, loader_cfg, workers, train=False)
+    if len(sampler) // loader_cfg.batch_size < 1:
+        raise DatasetError(
+            f"loader.batch_size {loader_cfg.batch_size} is larger than this rank's "
+            f"{len(sampler)} samples of {config.data.train}",
+            "lower loader.batch_size (or use fewer ranks)",
+        )
+    return sampler, loader, val_sampler, val_loader

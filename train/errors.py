@@ -11,6 +11,8 @@ so that they import nothing from the trainer; ``exit_code`` maps those too.
 
 from __future__ import annotations
 
+import contextlib
+
 from datasets.errors import DatasetError, TooManyBadSamplesError
 from train.config.errors import ConfigError
 
@@ -78,3 +80,18 @@ def exit_code(exc: BaseException) -> int | None:
     if isinstance(exc, (DatasetError, TooManyBadSamplesError)):
         return EXIT_DATA
     return None
+
+
+@contextlib.contextmanager
+def out_of_memory_named(backend, where: str):
+    """The framework's out-of-memory exception as OutOfMemoryError (exit 9), with the fix."""
+    try:
+        yield
+    except Exception as exc:
+        if not backend.is_out_of_memory(exc):
+            raise
+        raise OutOfMemoryError(
+            f"out of memory in {where} on {backend.device_name}: {str(exc).splitlines()[0]}. "
+            "HINT: lower loader.batch_size, use train.amp (bf16/fp16) on a GPU, or a smaller "
+            "model.name; check that no other process holds the GPU's memory (nvidia-smi)"
+        ) from exc

@@ -13,7 +13,7 @@ setting grants it);
 in the middle of the checkpoint of step 5 and gives its exit a second to be noticed;
 ``killidle@5`` does the same before step 5, after a second in which the workers finish their
 prefetching and sit idle (no sample in flight). Several faults: ``nan@5,nan@6``. Unset (every
-production config), it costs one lookup per step.
+production config), the loop's batches are not wrapped and the steps have no fault hook.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import math
 import os
 import signal
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from train.errors import out_of_memory_named
 
 ENV = "TRAIN_INJECT_FAULT"
 KINDS = ("nan", "oom", "alloc", "killworker", "killidle")
@@ -40,6 +43,20 @@ def _faults() -> dict[int, str]:
 
 
 _FAULTS = _faults()
+
+
+def injected() -> bool:
+    """Whether TRAIN_INJECT_FAULT asks for any fault."""
+    return bool(_FAULTS)
+
+
+def steps(batches: Iterable[dict], first_step: int, backend) -> Iterator[dict]:
+    """``batches`` for the steps from ``first_step`` (1-based) on, each through before_step.
+    Its out-of-memory faults are named as the step's own would be."""
+    for step, batch in enumerate(batches, start=first_step):
+        with out_of_memory_named(backend, "a train step"):
+            batch = before_step(step, batch, backend)
+        yield batch
 
 
 def before_step(step: int, batch: dict, backend) -> dict:

@@ -137,6 +137,30 @@ class StopFlag:
     signal_name = ""
 
 
+class StopAgreement:
+    """Whether the run stops, the same answer on every rank: the stop flag of this process,
+    agreed over the ranks every ``every`` steps (stop_now), or at once when an interrupted
+    evaluation already made every rank agree (``agreed``)."""
+
+    def __init__(self, flag: StopFlag, dist, backend, every: int) -> None:
+        self.flag, self.dist, self.backend, self.every = flag, dist, backend, every
+        self.agreed = False
+
+    def after_step(self, step: int) -> bool:
+        """Whether every rank stops after ``step`` (one all-reduce every ``every`` steps)."""
+        return self.agreed or stop_now(self.flag, step, self.every, self.dist, self.backend)
+
+    def between_epochs(self) -> bool:
+        """After an epoch's evaluation and checkpoint, where no all-reduce is due: several
+        ranks stop here only on an agreement they already reached."""
+        return self.agreed or (self.dist.world_size == 1 and self.flag.requested)
+
+    def stopped(self, step: int) -> StopRequested:
+        """The exception that ends the run at ``step``, once its checkpoint is written."""
+        by = self.flag.signal_name or "another rank's stop signal"
+        return StopRequested(f"stopped by {by} at step {step}", self.flag.signal_name)
+
+
 # Repeated SIGTERMs this soon after the first are the same stop request. Launchers send bursts:
 # paddle 2.6's `python -m paddle.distributed.launch`, itself stopped, runs Pod.stop(timeout=30)
 # (launch/controllers/controller.py), whose Container.terminate (launch/job/container.py) calls
@@ -182,6 +206,20 @@ def install_stop_handler() -> StopFlag:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
     return flag
+
+
+def settle_after_stop() -> None:
+    """After a stop's checkpoint, on the way out: neither more SIGTERMs nor a loader worker
+    that ends badly can fail the stop now."""
+    # The checkpoint is on disk and nothing is left to save: ignore the rest of a
+    # launcher's burst. Python puts the default action back while the interpreter exits,
+    # and a SIGTERM then turned "exit 143" into death by signal 15 (seen with Paddle).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Nor is a worker that ends badly from here on a failure: a spawned evaluation worker
+    # still unpickling its start-up when the stop came dies once the trainer's semaphores
+    # are gone, and Torch's SIGCHLD handler then raised "DataLoader worker ... exited
+    # unexpectedly" in Python's exit, after the stop had succeeded.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 # How long loader workers still running after a stop's checkpoint get to end before SIGKILL.

@@ -259,3 +259,21 @@ def _fmt(key: str, value) -> str:
     if isinstance(value, float):
         return f"{key}={value:.4g}"
     return f"{key}={value}"
+
+
+def run_telemetry(config, backend, dist, run_dir: Path, workers: int) -> Telemetry:
+    """The run's Telemetry: rank 0 writes; the knobs line names the loader's settings."""
+    loader_cfg = config.loader
+    knobs = (
+        f"workers={workers} prefetch={loader_cfg.prefetch_factor or 2} "
+        f"persistent={loader_cfg.persistent_workers} batch={loader_cfg.batch_size}"
+    )
+    return Telemetry(
+        run_dir,
+        dist.is_main,
+        loader_cfg.batch_size * dist.world_size,
+        backend.device_index,  # the GPU NVML reports on (None on the CPU)
+        knobs,
+        config.train.stall_warn_fraction,
+        backend.scalar_writer(run_dir / "scalars") if dist.is_main else None,
+    )

@@ -147,7 +147,7 @@ class Backend(abc.ABC):
     def reschedule(self, step: int, total_steps: int, warmup_steps: int) -> None:
         """Replace the LR schedule built by build() (after load_state on a resume) with one of
         total_steps and warmup_steps, standing at ``step``: a resume on another number of ranks
-        counts steps of another global batch (train/loop.py, Run.reshard)."""
+        counts steps of another global batch (train/checkpoint.py, Position.reshard)."""
 
     @abc.abstractmethod
     def train_step(self, batch: dict[str, Any]) -> Any:
