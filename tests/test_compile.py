@@ -51,11 +51,14 @@ def run(framework, out, ocr_lmdb, *extra) -> list[str]:
 # glibc's abort messages for a heap it found corrupted. A compiled torch CPU run's trainer died
 # of one twice, both times right after logging step 3 and before its SIGTERM handler had logged
 # anything ("corrupted size vs. prev_size while consolidating"): once in CI, once in 63 runs of
-# this stop on a 2-core host. The other 62 (SIGTERM at random points up to 0.4 s into step 4;
-# 14 under MALLOC_CHECK_=3) and 140,000 signal-handler calls inside compiled steps of a small
-# CNN did not show it, so its cause is not known. The trainer now prints every thread's Python
-# stack on such a crash (faulthandler). The test reruns the stop once after that abort, with the
-# crash's report in its warnings; a second abort, or any other failure, fails it.
+# this stop on a 2-core host, both with a loader that had neither the batch ring nor reused batch
+# arrays. With today's loader, 126 runs of this stop did not show it: 100 of them under glibc's
+# checking allocator (LD_PRELOAD=libc_malloc_debug.so.0 with MALLOC_CHECK_=3, tcache and fastbins
+# off, MALLOC_PERTURB_; on glibc 2.34+ MALLOC_CHECK_ does nothing without that library), nor did
+# 240 compiled steps under the same allocator or 16,000 signal-handler calls inside compiled
+# steps. Its cause is not known. The trainer prints every thread's Python stack on such a crash
+# (faulthandler). The test reruns the stop once after that abort, with the crash's report in its
+# warnings; a second abort, or any other failure, fails it.
 GLIBC_HEAP_ABORT = re.compile(
     r"corrupted size|double free|free\(\): |malloc\(\): |malloc_consolidate"
 )
