@@ -53,16 +53,21 @@ def test_a_model_with_its_own_pixel_contract_normalizes_with_it():
     np.testing.assert_allclose(ocr.pixel_scale_shift(other)[1].ravel(), [-0.4, -0.8, -1.2])
 
 
-def test_sample_bytes_match_a_real_sample(ocr_lmdb, image_h5):
-    """The /dev/shm estimate before any data is read (train/preflight.py) is the size of what
-    the dataset really yields."""
-    configs = {
+def fixture_configs(ocr_lmdb, image_h5):
+    """(task name, config, task) for each task over the test fixtures' data."""
+    data_by_task = {
         "ocr": {"train": str(ocr_lmdb), "char_dict": str(ocr_lmdb.parent / "charset.txt")},
         "resnet50": {"train": str(image_h5), "image_size": 64, "eval_resize": 72},
     }
-    for name, data in configs.items():
+    for name, data in data_by_task.items():
         config = config_from_dict({"task": name, "framework": "torch", "data": data})
-        task = tasks.get(name)
+        yield name, config, tasks.get(name)
+
+
+def test_sample_bytes_match_a_real_sample(ocr_lmdb, image_h5):
+    """The /dev/shm estimate before any data is read (train/preflight.py) is the size of what
+    the dataset really yields."""
+    for name, config, task in fixture_configs(ocr_lmdb, image_h5):
         dataset = task.open_dataset(config.data, config.data.train, train=True)
         sample = dataset[0]
         dataset.close()
@@ -86,13 +91,7 @@ def test_num_classes_come_from_the_data_unless_the_config_says():
 def test_after_training_the_labels_give_the_outputs_training_built(ocr_lmdb, image_h5):
     """train.evaluate, export and predict build the model from Task.labels and the loss kind:
     the same outputs as training's num_classes from the data."""
-    configs = {
-        "ocr": {"train": str(ocr_lmdb), "char_dict": str(ocr_lmdb.parent / "charset.txt")},
-        "resnet50": {"train": str(image_h5), "image_size": 64, "eval_resize": 72},
-    }
-    for name, data in configs.items():
-        config = config_from_dict({"task": name, "framework": "torch", "data": data})
-        task = tasks.get(name)
+    for name, config, task in fixture_configs(ocr_lmdb, image_h5):
         dataset = task.open_dataset(config.data, config.data.train, train=False)
         trained = task.num_classes(config.model, dataset)
         dataset.close()
