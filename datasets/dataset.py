@@ -336,16 +336,37 @@ class ImageClassTransform:
     ) -> Sample:
         if not 0 <= int(label) < self.num_classes:
             raise BadSampleError("bad_label", f"class {label} outside 0..{self.num_classes - 1}")
-        rows = None if out is None else out["image"]
-        if self.train:
-            image = image_transforms.train_transform(data, rng, self.size, self.max_pixels, rows)
-        else:
-            image = image_transforms.eval_transform(
-                data, self.size, self.eval_resize, self.max_pixels, rows
-            )
+        image = self._image(data, rng, None if out is None else out["image"])
         if out is None:
             return {"image": image, "label": np.int64(label)}
         out["label"][...] = label
+        return out
+
+    def _image(self, data: bytes, rng: np.random.Generator, rows: np.ndarray | None):
+        if self.train:
+            return image_transforms.train_transform(data, rng, self.size, self.max_pixels, rows)
+        return image_transforms.eval_transform(
+            data, self.size, self.eval_resize, self.max_pixels, rows
+        )
+
+
+class ImageTagTransform(ImageClassTransform):
+    """(image bytes, tags as bits of an int) -> {"image": uint8 HxWx3 RGB, "label": float32
+    [num_tags] multi-hot}: ImageClassTransform's image, with the tags a multi-label loss reads
+    (``num_classes``: the number of tags)."""
+
+    def __call__(
+        self, data: bytes, label, rng: np.random.Generator, out: Sample | None = None
+    ) -> Sample:
+        mask = int(label)
+        if mask < 0 or mask >> self.num_classes:
+            problem = f"tag bits {mask:#x} name tags outside 0..{self.num_classes - 1}"
+            raise BadSampleError("bad_label", problem)
+        tags = np.array([(mask >> i) & 1 for i in range(self.num_classes)], np.float32)
+        image = self._image(data, rng, None if out is None else out["image"])
+        if out is None:
+            return {"image": image, "label": tags}
+        out["label"][...] = tags
         return out
 
 
@@ -427,6 +448,27 @@ def build_image_dataset(
 
     source = ImageFolderSource(path) if Path(path).is_dir() else Hdf5ImageSource(path)
     transform = ImageClassTransform(
+        len(source.class_names), train, image_size, eval_resize, max_image_pixels
+    )
+    return _record_dataset(source, transform, path, seed, **policy)
+
+
+def build_tagged_image_dataset(
+    path: str | Path,
+    *,
+    train: bool,
+    seed: int = 0,
+    image_size: int = 224,
+    eval_resize: int = 256,
+    max_image_pixels: int | None = decode.MAX_IMAGE_PIXELS,
+    **policy: Unpack[SamplePolicy],
+) -> RecordDataset:
+    """An HDF5 image file with tags (datasets/hdf5_images.py): images as build_image_dataset's,
+    each with its multi-hot tags; ``dataset.source.class_names`` are the tag names."""
+    from datasets.hdf5_images import Hdf5TagSource
+
+    source = Hdf5TagSource(path)
+    transform = ImageTagTransform(
         len(source.class_names), train, image_size, eval_resize, max_image_pixels
     )
     return _record_dataset(source, transform, path, seed, **policy)

@@ -6,7 +6,9 @@ Layout (schema version 2, what Hdf5ImageWriter writes):
   /offsets      int64, one more than the records: record i is image_bytes[offsets[i]:offsets[i+1]]
   /labels       int64 class index per record
   /keys         variable-length UTF-8 source name per record (for reports only)
-  attrs         format="resnet50-hdf5", schema_version=2, class_names=JSON list
+  /tags         optional: uint8 [records, tags] multi-hot, the record's tags (multi-label tasks)
+  attrs         format="resnet50-hdf5", schema_version=2, class_names=JSON list, and with /tags
+                tag_names=JSON list (one name per column of /tags)
 
 A contiguous dataset has one place in the file, so a record is one ``os.pread`` at that place
 plus its offset: no HDF5 call per sample. Schema version 1 kept each image as a row of a
@@ -240,6 +242,40 @@ class Hdf5ImageSource:
         self._handle.close()
 
 
+class Hdf5TagSource(Hdf5ImageSource):
+    """The records of an HDF5 image file with their tags instead of their class: (encoded image
+    bytes, tags) where tags is an int whose bit i is set when the record has tag i (an int
+    label keeps the record cacheable as every other, datasets/cache.py). ``class_names`` are
+    the tag names."""
+
+    def __init__(self, path: str | Path, pread: bool = True) -> None:
+        super().__init__(path, pread)
+        with open_hdf5_readonly(str(self.path)) as f:
+            if "tags" not in f or "tag_names" not in f.attrs:
+                raise DatasetError(
+                    f"{self.path} holds no tags (no 'tags' dataset and 'tag_names' attribute)",
+                    "write it with tags: scripts/make_synthetic.py imagenet writes them, "
+                    "Hdf5ImageWriter(..., tag_names=...) for other data",
+                )
+            tags = f["tags"]
+            if tags.ndim != 2 or len(tags) != len(self.labels):
+                problem = f"shape {tags.shape}, expected [{len(self.labels)} records, tags]"
+                raise _broken(self.path, "'tags'", problem)
+            tag_names = json.loads(f.attrs["tag_names"])
+            if not isinstance(tag_names, list) or len(tag_names) != tags.shape[1]:
+                problem = f"not a JSON list of the {tags.shape[1]} columns of 'tags'"
+                raise _broken(self.path, "attribute 'tag_names'", problem)
+            bits = np.asarray(tags[:], dtype=bool)
+        self.class_names = [str(name) for name in tag_names]
+        # One int per record (bit i: tag i), computed once: read() then costs no more than the
+        # class file's.
+        self.tag_masks = [sum(1 << int(i) for i in np.flatnonzero(row)) for row in bits]
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        data, _ = super().read(index)
+        return data, self.tag_masks[index]
+
+
 class Hdf5ImageWriter:
     """Writes ``<out>.partial`` (and spools the image bytes to ``<out>.partial-bytes``), then
     renames it to ``<out>`` on ``finish``: an interrupted write leaves nothing under ``<out>``.
@@ -250,7 +286,14 @@ class Hdf5ImageWriter:
     finish the output's folder holds the image bytes twice (spool and file): twice the
     dataset's size must be free there."""
 
-    def __init__(self, out_file: str | Path, class_names: list[str], overwrite: bool = False):
+    def __init__(
+        self,
+        out_file: str | Path,
+        class_names: list[str],
+        overwrite: bool = False,
+        tag_names: list[str] | None = None,
+    ):
+        """``tag_names``: the file also holds each record's tags (``add``'s ``tags``)."""
         self.out_file = Path(out_file)
         if self.out_file.exists() and not overwrite:
             raise DatasetError(
@@ -269,19 +312,41 @@ class Hdf5ImageWriter:
         make("offsets", data=np.zeros(1, np.int64), maxshape=(None,), chunks=(CHUNK_ROWS,))
         make("labels", (0,), maxshape=(None,), chunks=(CHUNK_ROWS,), dtype=np.int64)
         make("keys", (0,), maxshape=(None,), chunks=(CHUNK_ROWS,), dtype=h5py.string_dtype())
-        self._rows: list[tuple[int, int, str]] = []  # (end offset, label, key) not yet flushed
+        self._num_tags = None if tag_names is None else len(tag_names)
+        if tag_names is not None:
+            self._file.attrs["tag_names"] = json.dumps(list(tag_names))
+            columns = len(tag_names)
+            shape, chunks = (0, columns), (CHUNK_ROWS, columns)
+            make("tags", shape, maxshape=(None, columns), chunks=chunks, dtype=np.uint8)
+        # (end offset, label, key, multi-hot tags or None) not yet flushed
+        self._rows: list[tuple[int, int, str, np.ndarray | None]] = []
         self._end = 0
         self.count = 0
 
-    def add(self, image: bytes, label: int, key: str = "") -> None:
+    def add(self, image: bytes, label: int, key: str = "", tags=None) -> None:
+        """``tags``: the ids of the record's tags (a file written with tag_names needs them)."""
         if not 0 <= label < self._num_classes:
             raise DatasetError(f"label {label} outside 0..{self._num_classes - 1}", "")
         self._spool.write(image)
         self._end += len(image)
-        self._rows.append((self._end, label, key))
+        self._rows.append((self._end, label, key, self._multi_hot(tags)))
         self.count += 1
         if len(self._rows) >= ROWS_PER_FLUSH:
             self._flush()
+
+    def _multi_hot(self, tags) -> np.ndarray | None:
+        if self._num_tags is None:
+            if tags is not None:
+                raise DatasetError("tags given to a writer without tag_names", "pass tag_names")
+            return None
+        if tags is None:
+            raise DatasetError("a record without tags in a file with tag_names", "pass tags")
+        row = np.zeros(self._num_tags, np.uint8)
+        for tag in tags:
+            if not 0 <= int(tag) < self._num_tags:
+                raise DatasetError(f"tag {tag} outside 0..{self._num_tags - 1}", "")
+            row[int(tag)] = 1
+        return row
 
     def _flush(self) -> None:
         if not self._rows:
@@ -289,10 +354,13 @@ class Hdf5ImageWriter:
         start, n = self._file["labels"].shape[0], len(self._rows)
         for name, extra in (("offsets", 1), ("labels", 0), ("keys", 0)):
             self._file[name].resize((start + n + extra,))
-        ends, labels, keys = zip(*self._rows)
+        ends, labels, keys, tags = zip(*self._rows)
         self._file["offsets"][start + 1 :] = ends
         self._file["labels"][start:] = labels
         self._file["keys"][start:] = keys
+        if self._num_tags is not None:
+            self._file["tags"].resize((start + n, self._num_tags))
+            self._file["tags"][start:] = np.stack(tags)
         self._rows = []
 
     def finish(self) -> Path:

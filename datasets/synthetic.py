@@ -3,8 +3,8 @@
 OCR: rendered text lines (digits, Latin letters, and common Chinese characters when a CJK font is
 installed; the images carry one) into train/ and val/ LMDBs plus a charset.txt dictionary.
 ImageNet-like: class-dependent patterns at about 500x375, JPEG quality 90, about 100 KB each,
-into one HDF5 file. Class appearance depends only on the class id, so train and val files
-written with different seeds share classes.
+into one HDF5 file, optionally with each image's tags (IMAGENET_TAG_NAMES). Class appearance
+depends only on the class id, so train and val files written with different seeds share classes.
 """
 
 from __future__ import annotations
@@ -181,11 +181,33 @@ def imagenet_like(label: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
-def imagenet_samples(num: int, num_classes: int, seed: int) -> Iterable[tuple[bytes, int]]:
+# The tags of the ImageNet-like images, what each shows (imagenet_tags): its pattern, whether
+# its palette is bright, whether it is warm (more red than blue). A class always has the same.
+IMAGENET_TAG_NAMES = (*_PATTERNS, "bright", "warm")
+
+
+def imagenet_tags(label: int) -> tuple[int, ...]:
+    """The ids (in IMAGENET_TAG_NAMES) of the tags every image of class ``label`` shows."""
+    klass = np.random.default_rng(10_000 + label)  # as imagenet_like draws the palette
+    palette = klass.integers(30, 226, (2, 3)).astype(np.float32)  # BGR
+    tags = [label % len(_PATTERNS)]
+    if palette.mean() > 128:
+        tags.append(len(_PATTERNS))
+    if palette[:, 2].mean() > palette[:, 0].mean():
+        tags.append(len(_PATTERNS) + 1)
+    return tuple(tags)
+
+
+def imagenet_samples(
+    num: int, num_classes: int, seed: int, with_tags: bool = False
+) -> Iterable[tuple]:
+    """(encoded JPEG, class) per image; ``with_tags``: (encoded JPEG, class, key, tag ids), what
+    Hdf5ImageWriter.add takes for a file written with IMAGENET_TAG_NAMES."""
     rng = np.random.default_rng(seed)
     for i in range(num):
         label = i % num_classes  # balanced classes
-        yield encode_image(imagenet_like(label, rng), "jpeg", 90), label
+        image = encode_image(imagenet_like(label, rng), "jpeg", 90)
+        yield (image, label, f"img{i}.jpg", imagenet_tags(label)) if with_tags else (image, label)
 
 
 def write_all(writer, samples, progress: Callable | None = None) -> Path:

@@ -7,7 +7,8 @@ r"""Generate synthetic datasets that a model can learn from.
 
 ocr writes OUT/train and OUT/val (OCR LMDBs in PaddleOCR's layout) and OUT/charset.txt (one
 character per line). imagenet writes one HDF5 file; write val with another --seed and the same
---classes (class appearance depends on the class only).
+--classes (class appearance depends on the class only). The file also holds each image's tags
+(pattern, bright, warm), which the tagging task reads.
 """
 
 from __future__ import annotations
@@ -65,13 +66,17 @@ def make_imagenet(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from datasets.hdf5_images import Hdf5ImageWriter
-    from datasets.synthetic import imagenet_samples, write_all
+    from datasets.synthetic import IMAGENET_TAG_NAMES, imagenet_samples, write_all
 
     names = [f"class_{i:04d}" for i in range(args.classes)]
-    writer = Hdf5ImageWriter(args.out, names, overwrite=args.overwrite)
+    # Each image's tags too: the tagging task (multi-label) trains on the same files.
+    writer = Hdf5ImageWriter(
+        args.out, names, overwrite=args.overwrite, tag_names=list(IMAGENET_TAG_NAMES)
+    )
     start = time.perf_counter()
+    samples = imagenet_samples(args.num, args.classes, args.seed, with_tags=True)
     with tqdm(total=args.num, desc="imagenet", disable=args.quiet) as bar:
-        write_all(writer, imagenet_samples(args.num, args.classes, args.seed), bar.update)
+        write_all(writer, samples, bar.update)
     elapsed = time.perf_counter() - start
     size = os.path.getsize(args.out)
     print(

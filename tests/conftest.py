@@ -11,7 +11,13 @@ import pytest
 
 from datasets.hdf5_images import Hdf5ImageWriter
 from datasets.lmdb_ocr import LmdbOcrWriter
-from datasets.synthetic import LATIN, imagenet_samples, ocr_samples, write_all
+from datasets.synthetic import (
+    IMAGENET_TAG_NAMES,
+    LATIN,
+    imagenet_samples,
+    ocr_samples,
+    write_all,
+)
 from tests import tiers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,12 +82,11 @@ def ocr_lmdb(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def image_h5(tmp_path_factory) -> Path:
-    """A 24-image, 4-class ImageNet-like HDF5 file (~95 KB JPEGs of about 500x375)."""
+    """A 24-image, 4-class ImageNet-like HDF5 file (~95 KB JPEGs of about 500x375), with each
+    image's tags (IMAGENET_TAG_NAMES) as scripts/make_synthetic.py writes them."""
     path = tmp_path_factory.mktemp("h5") / "train.h5"
-    writer = Hdf5ImageWriter(path, [f"c{i}" for i in range(4)])
-    write_all(
-        writer, ((d, y, f"img{i}.jpg") for i, (d, y) in enumerate(imagenet_samples(24, 4, 0)))
-    )
+    writer = Hdf5ImageWriter(path, [f"c{i}" for i in range(4)], tag_names=IMAGENET_TAG_NAMES)
+    write_all(writer, imagenet_samples(24, 4, 0, with_tags=True))
     return path
 
 

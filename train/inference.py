@@ -10,7 +10,7 @@
 - the decoding of a model's probabilities into text or labels with a score, by the task's loss
   kind: CTC as PaddleOCR's CTCLabelDecode (argmax per time step, repeats merged, blanks dropped;
   the score is the mean of the kept steps' probabilities), cross-entropy the top class and its
-  probability;
+  probability, multi-label the labels above 0.5 (the score: the probability of that set);
 - the inputs of train.predict: image files, folders, an OCR LMDB or an HDF5 file.
 
 The framework parts (running a checkpoint, exporting, the Paddle inference predictor) are in the
@@ -195,9 +195,18 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return exp / exp.sum(axis=-1, keepdims=True)
 
 
+def sigmoid(scores: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-scores))
+
+
+def probabilities(task_name: str, scores: np.ndarray) -> np.ndarray:
+    """A model's raw scores -> the probabilities its export outputs, by the task's loss kind."""
+    return DECODERS[tasks.get(task_name).loss].probabilities(scores)
+
+
 def decode(task_name: str, probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:
     """(text or label, score) per row of a batch of probabilities, by the task's loss kind."""
-    return DECODERS[tasks.get(task_name).loss](probabilities, labels)
+    return DECODERS[tasks.get(task_name).loss].decode(probabilities, labels)
 
 
 def _decode_ctc(probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:
@@ -223,13 +232,47 @@ def _decode_top_class(probabilities: np.ndarray, labels: list[str]) -> list[tupl
     return results
 
 
-DECODERS = {"ctc": _decode_ctc, "cross_entropy": _decode_top_class}  # by Task.loss
+TAG_SEPARATOR = ","  # between the names of a multi-label prediction's tags
+
+
+def _decode_tags(probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:
+    """[N, labels] independent probabilities: the labels above 0.5 in label order, joined
+    with TAG_SEPARATOR (empty: none); the score is the probability of exactly that set (each
+    label's own probability of being in or out, multiplied)."""
+    results = []
+    for probs in probabilities:
+        chosen = probs > 0.5
+        text = TAG_SEPARATOR.join(label for label, on in zip(labels, chosen) if on)
+        results.append((text, float(np.prod(np.where(chosen, probs, 1.0 - probs)))))
+    return results
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What after training does with a model's outputs, for one loss kind."""
+
+    # raw scores -> the probabilities the exported model outputs (the backends' export applies
+    # the same, HEADS' Head.probabilities)
+    probabilities: Callable[[np.ndarray], np.ndarray]
+    # probabilities, labels -> (text or label, score) per row
+    decode: Callable[[np.ndarray, list[str]], list[tuple[str, float]]]
+
+
+DECODERS = {  # by Task.loss
+    "ctc": Decoding(softmax, _decode_ctc),
+    "cross_entropy": Decoding(softmax, _decode_top_class),
+    "multi_label": Decoding(sigmoid, _decode_tags),
+}
 
 
 # ---------------------------------------------------------------- inputs of train.predict
-def read_inputs(paths: list[str]) -> Iterator[tuple[str, bytes, object]]:
+def read_inputs(
+    paths: list[str], task_name: str | None = None
+) -> Iterator[tuple[str, bytes, object]]:
     """(name, encoded image, label or None) for each image of ``paths``: image files, folders
-    (searched recursively), an OCR LMDB (a folder with data.mdb) or an HDF5 file of images."""
+    (searched recursively), an OCR LMDB (a folder with data.mdb) or an HDF5 file of images,
+    whose labels are those ``task_name`` reads (Task.label_source; default: the class)."""
+    task = tasks.get(task_name) if task_name else None
     for given in map(Path, paths):
         if given.is_dir() and any(given.rglob("data.mdb")):
             from datasets.lmdb_ocr import LmdbOcrSource
@@ -241,7 +284,10 @@ def read_inputs(paths: list[str]) -> Iterator[tuple[str, bytes, object]]:
         elif given.suffix.lower() in (".h5", ".hdf5"):
             from datasets.hdf5_images import Hdf5ImageSource
 
-            yield from _records(Hdf5ImageSource(given))
+            if task is not None and task.label_source is not None:
+                yield from _records(task.label_source(given))
+            else:
+                yield from _records(Hdf5ImageSource(given))
         elif given.is_file():
             yield str(given), given.read_bytes(), None
         else:

@@ -107,6 +107,39 @@ class TopKMetric:
         return {"top1": top1 / total, "top5": top5 / total}
 
 
+class MultiLabelMetric:
+    """Exact match (the predicted tag set is the true one) and micro-averaged F1 over every
+    (image, tag) decision: exact match is strict, F1 credits partly right sets."""
+
+    main = "exact_match"  # the figure that picks the run's best checkpoint (higher is better)
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(5, dtype=np.float64)  # exact, total, true/false pos., false neg.
+
+    def update(self, predicted: np.ndarray, labels: dict[str, np.ndarray]) -> None:
+        """``predicted``: multi-hot [N, tags] (0 or 1); labels: "label" multi-hot [N, tags]."""
+        got = np.asarray(predicted) > 0
+        truth = np.asarray(labels["label"]) > 0.5
+        self.counts += [
+            (got == truth).all(axis=1).sum(),
+            len(truth),
+            (got & truth).sum(),
+            (got & ~truth).sum(),
+            (~got & truth).sum(),
+        ]
+
+    def state(self) -> np.ndarray:
+        return self.counts.copy()
+
+    @staticmethod
+    def summarize(state: np.ndarray) -> dict[str, float]:
+        exact, total, true_pos, false_pos, false_neg = state
+        decided = 2 * true_pos + false_pos + false_neg
+        # No tag predicted and none true: every decision was right.
+        f1 = 2 * true_pos / decided if decided else 1.0
+        return {"exact_match": exact / max(total, 1.0), "f1": f1}
+
+
 class OcrLengthAccuracy:
     """Exact-match accuracy by label length (train.evaluate's breakdown; not reduced over
     ranks: evaluation there runs in one process)."""

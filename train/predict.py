@@ -60,19 +60,21 @@ def open_model(path: str, overrides=()) -> Model:
     labels = inference.labels_of(config)
     backend = inference.load_backend(trained, config, labels)
     spec = inference.contract(config)
-    return Model(spec, labels, lambda batch: inference.softmax(backend.infer(batch)))
+    task = config.task
+    return Model(spec, labels, lambda batch: inference.probabilities(task, backend.infer(batch)))
 
 
 def predict(model: Model, inputs, batch_size: int):
     """(name, prediction, score, label or None) per input, in input order."""
-    from train import inference
+    from train import inference, tasks
 
+    task = tasks.get(model.spec["task"])
     for batch in inference.batched(inputs, batch_size):
         images = inference.preprocess(model.spec, [data for _, data, _ in batch])
-        results = inference.decode(model.spec["task"], model.probabilities(images), model.labels)
+        results = inference.decode(task.name, model.probabilities(images), model.labels)
         for (name, _, label), (text, score) in zip(batch, results):
-            if isinstance(label, int) and 0 <= label < len(model.labels):
-                label = model.labels[label]  # a class id: its name
+            if label is not None:
+                label = task.label_text(label, model.labels)  # as the predictions read
             yield name, text, score, label
 
 
@@ -100,7 +102,8 @@ def _predict_command(args: argparse.Namespace) -> int:
     from train import inference
 
     model = open_model(args.model, args.overrides)
-    rows = list(predict(model, inference.read_inputs(args.inputs), args.batch_size))
+    inputs = inference.read_inputs(args.inputs, model.spec["task"])
+    rows = list(predict(model, inputs, args.batch_size))
     labelled = [row for row in rows if row[3] is not None]
     lines = ["name\tprediction\tscore" + ("\tlabel" if labelled else "")]
     for name, text, score, label in rows:

@@ -1,14 +1,15 @@
 """The tasks this stack trains, one entry each: models, data, metric, pixel normalization.
 
-Framework-free. Everything outside the backends that depends on the task reads this table
-instead of asking for the task's name: the config (task and model names, each task's own
-checks), data building (train/data.py), the /dev/shm estimate (train/preflight.py), the doctor
-(train/doctor.py), the loop's evaluation (train/loop.py), and after training train.evaluate,
-train.export and train.predict (train/inference.py: the labels, the preprocessing contract, the
-padding, the decoding by loss kind, evaluation's breakdowns). A backend keys its loss and
-decoding by the task's loss kind (HEADS in train/backends/torch/models.py and
-train/backends/paddle/models.py), so a task with a loss they already have adds nothing there.
-docs/architecture.md shows how to add a task.
+The built-in tasks are defined here; every other task is one module of train/task_modules/ that
+defines ``TASK`` (a Task), registered below. Framework-free. Everything outside the backends
+that depends on the task reads this table instead of asking for the task's name: the config
+(task and model names, each task's own checks), data building (train/data.py), the /dev/shm
+estimate (train/preflight.py), the doctor (train/doctor.py), the loop's evaluation
+(train/loop.py), and after training train.evaluate, train.export and train.predict
+(train/inference.py: the labels, the preprocessing contract, the padding, the decoding by loss
+kind, evaluation's breakdowns). A backend keys its loss and decoding by the task's loss kind
+(HEADS in train/backends/torch/models.py and train/backends/paddle/models.py), so a task with a
+loss they already have adds nothing there. docs/architecture.md shows how to add a task.
 """
 
 from __future__ import annotations
@@ -26,10 +27,19 @@ if TYPE_CHECKING:
 
 Problem = tuple[str, str, str]  # a config problem: (dotted key, what is wrong, the fix)
 
-# The loss kinds a task can train with: each backend has a head (the loss on the model's scores
-# and their decoding into the metric's predictions) for each. "ctc": a class per time step, the
-# blank class 0 before the labels; "cross_entropy": one class per image.
-LOSSES = ("ctc", "cross_entropy")
+# The loss kinds a task can train with: each backend has a head (the loss on the model's scores,
+# their decoding into the metric's predictions, the probabilities an export outputs) for each,
+# and train/inference.py a decoding. "ctc": a class per time step, the blank class 0 before the
+# labels; "cross_entropy": one class per image; "multi_label": an independent yes/no per label
+# (binary cross-entropy on a sigmoid each), any number of labels per image.
+LOSSES = ("ctc", "cross_entropy", "multi_label")
+
+
+def class_name(label, labels: Sequence[str]):
+    """A record's label as train.predict prints it: a class id's name; text as it is."""
+    if isinstance(label, (int, np.integer)) and 0 <= label < len(labels):
+        return labels[int(label)]
+    return label
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,12 @@ class Task:
     pad_pixel: Callable[[], int] | None = None
     # train.evaluate's figures besides the metric's: (key in its report, a fresh accumulator)
     breakdowns: tuple[tuple[str, Callable[[], Breakdown]], ...] = ()
+    # train.predict: (a record's label, the model's labels) -> the label as the decoded
+    # predictions read, which train.predict compares them with
+    label_text: Callable[[Any, Sequence[str]], Any] = class_name
+    # train.predict: an HDF5 file given as input -> its records with this task's labels (None:
+    # the class of each image, datasets/hdf5_images.py's Hdf5ImageSource)
+    label_source: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -256,7 +272,7 @@ OCR = Task(
 
 
 # ---------------------------------------------------------------- ResNet: classes of images in HDF5
-def _open_images(data, path: str, *, train: bool, seed: int = 0, **policy) -> RecordDataset:
+def open_images(data, path: str, *, train: bool, seed: int = 0, **policy) -> RecordDataset:
     from datasets.dataset import build_image_dataset
 
     return build_image_dataset(
@@ -270,10 +286,11 @@ def _open_images(data, path: str, *, train: bool, seed: int = 0, **policy) -> Re
     )
 
 
-def _class_names(config) -> list[str]:
-    """The training data's class names by id, cut or extended (class_<id>) to
-    model.num_classes when the config sets it."""
-    dataset = _open_images(config.data, config.data.train, train=False)
+def class_names(config) -> list[str]:
+    """The training data's class names by id (``dataset.source.class_names`` of the config's
+    task's dataset), cut or extended (class_<id>) to model.num_classes when the config sets
+    it."""
+    dataset = get(config.task).open_dataset(config.data, config.data.train, train=False)
     try:
         names = list(dataset.source.class_names)
     finally:
@@ -282,7 +299,7 @@ def _class_names(config) -> list[str]:
     return names[:count] + [f"class_{i}" for i in range(len(names), count)]
 
 
-def _image_contract(config) -> dict:
+def image_contract(config) -> dict:
     from train.inference import CLASSES_FILE
 
     size, resize = config.data.image_size, config.data.eval_resize
@@ -296,13 +313,13 @@ def _image_contract(config) -> dict:
     }
 
 
-def _prepare_image(spec: dict, encoded: bytes) -> np.ndarray:
+def prepare_image(spec: dict, encoded: bytes) -> np.ndarray:
     from datasets.image_transforms import eval_transform
 
     return eval_transform(encoded, spec["image_size"], spec["eval_resize"])
 
 
-def _resnet_problems(data) -> Iterator[Problem]:
+def image_problems(data) -> Iterator[Problem]:
     if data.eval_resize < data.image_size:
         problem = f"{data.eval_resize} is smaller than data.image_size ({data.image_size})"
         yield "data.eval_resize", problem, "eval resizes, then center-crops image_size"
@@ -316,18 +333,39 @@ RESNET50 = Task(
     std=(0.229, 0.224, 0.225),
     loss="cross_entropy",
     metric=TopKMetric,
-    open_dataset=_open_images,
+    open_dataset=open_images,
     num_classes=lambda model, train_set: model.num_classes or len(train_set.source.class_names),
     input_shape=lambda data: (3, data.image_size, data.image_size),
     sample_bytes=lambda data: 3 * data.image_size**2 + 8,  # RGB image, int64 label
-    problems=_resnet_problems,
-    labels=_class_names,
-    contract=_image_contract,
-    prepare_image=_prepare_image,
+    problems=image_problems,
+    labels=class_names,
+    contract=image_contract,
+    prepare_image=prepare_image,
 )
 
 
-TASKS: dict[str, Task] = {task.name: task for task in (OCR, RESNET50)}
+def _registered(built_in: tuple[Task, ...]) -> dict[str, Task]:
+    """The built-in tasks, then the TASK of each module of train/task_modules/ (a new task is
+    one module there plus its configs/<task>/ scenarios), by name."""
+    import importlib
+    import pkgutil
+
+    from train import task_modules
+
+    found = list(built_in)
+    for module in sorted(pkgutil.iter_modules(task_modules.__path__), key=lambda m: m.name):
+        task = importlib.import_module(f"{task_modules.__name__}.{module.name}").TASK
+        if not isinstance(task, Task):
+            raise TypeError(f"train/task_modules/{module.name}.py: TASK is not a Task")
+        found.append(task)
+    names = [task.name for task in found]
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise ValueError(f"tasks named twice: {duplicated}; give each task its own name")
+    return {task.name: task for task in found}
+
+
+TASKS: dict[str, Task] = _registered((OCR, RESNET50))
 TASK_NAMES = tuple(TASKS)
 # Every model once, in task order (a model may serve several tasks).
 MODEL_NAMES = tuple(dict.fromkeys(m.name for task in TASKS.values() for m in task.models))

@@ -3,9 +3,10 @@
 ``paddle.load``-able ``.pdparams``; and the predictor train.predict runs an inference model with.
 
 The inference model takes the normalized NCHW float32 batch of the preprocessing contract
-(train/inference.py, preprocess.json) and returns softmax probabilities, as PaddleOCR's CTC
-head does in eval mode (its CTCLabelDecode reads the argmax and max of probabilities). For OCR
-the batch and the line width are dynamic: TextRecognizer pads a batch to its widest line.
+(train/inference.py, preprocess.json) and returns probabilities (softmax, or a sigmoid per tag
+for multi-label tasks), as PaddleOCR's CTC head does in eval mode (its CTCLabelDecode reads the
+argmax and max of probabilities). For OCR the batch and the line width are dynamic:
+TextRecognizer pads a batch to its widest line.
 """
 
 from __future__ import annotations
@@ -23,23 +24,26 @@ FORMATS = ("paddle-inference", "pdparams")
 
 
 class Deployed(nn.Layer):
-    """The trained network with softmax after it and, for OCR, the padding value: training
-    pads lines with uint8 128, which normalizes to ``pad`` (1/255); PaddleOCR's
-    resize_norm_img pads with 0 after normalization, a value no pixel normalizes to
-    ((p / 255 - 0.5) / 0.5 is never 0 for an integer p), so 0 is read as padding and both
-    preprocessings give the model the inputs it was trained on."""
+    """The trained network with its loss kind's probabilities (softmax, sigmoid per tag) after it
+    and, for OCR, the padding value: training pads lines with uint8 128, which normalizes to
+    ``pad`` (1/255); PaddleOCR's resize_norm_img pads with 0 after normalization, a value no
+    pixel normalizes to ((p / 255 - 0.5) / 0.5 is never 0 for an integer p), so 0 is read as
+    padding and both preprocessings give the model the inputs it was trained on."""
 
-    def __init__(self, net: nn.Layer, pad: float | None) -> None:
+    def __init__(self, net: nn.Layer, pad: float | None, probabilities) -> None:
+        """``probabilities``: the task's loss kind's (HEADS' Head.probabilities)."""
         super().__init__()
-        self.net, self.pad = net, pad
+        self.net, self.pad, self.probabilities = net, pad, probabilities
 
     def forward(self, images: paddle.Tensor) -> paddle.Tensor:
         if self.pad is not None:
             images = paddle.where(images == 0, paddle.full_like(images, self.pad), images)
-        return nn.functional.softmax(self.net(images), axis=-1)
+        return self.probabilities(self.net(images))
 
 
-def export(net: nn.Layer, fmt: str, directory: Path, input_shape, pad: float | None) -> list[Path]:
+def export(
+    net: nn.Layer, fmt: str, directory: Path, input_shape, pad: float | None, probabilities
+) -> list[Path]:
     directory = Path(directory)
     if fmt == "pdparams":
         path = directory / PDPARAMS_FILE
@@ -47,7 +51,7 @@ def export(net: nn.Layer, fmt: str, directory: Path, input_shape, pad: float | N
         return [path]
     if fmt != "paddle-inference":
         raise ValueError(f"paddle models export to {', '.join(FORMATS)}, not {fmt}")
-    deployed = Deployed(net, pad)
+    deployed = Deployed(net, pad, probabilities)
     deployed.eval()
     channels, height, width = input_shape
     shape = [None, channels, height, None if pad is not None else width]

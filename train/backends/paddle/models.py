@@ -92,6 +92,9 @@ def build_model(
 class Head:
     loss: Callable[[paddle.Tensor, dict[str, paddle.Tensor]], paddle.Tensor]  # float32 logits
     decode: Callable[[paddle.Tensor], np.ndarray]  # logits -> int64 predictions (the contract's)
+    # logits -> what an exported model outputs: probabilities over the last axis (one class of
+    # several), or each output's own (multi_label: independent yes/no per tag)
+    probabilities: Callable[[paddle.Tensor], paddle.Tensor] = lambda logits: F.softmax(logits, -1)
 
 
 def _ctc_loss(logits: paddle.Tensor, batch: dict[str, paddle.Tensor]) -> paddle.Tensor:
@@ -122,5 +125,14 @@ HEADS = {  # by Task.loss (train/tasks.py's LOSSES)
     "cross_entropy": Head(
         lambda logits, batch: F.cross_entropy(logits, batch["label"], reduction="none").mean(),
         _top5,
+    ),
+    # One independent yes/no per tag [N, tags]: a tag is predicted where its logit is > 0
+    # (probability > 0.5), as train/inference.py decodes the exported sigmoid.
+    "multi_label": Head(
+        lambda logits, batch: F.binary_cross_entropy_with_logits(
+            logits, batch["label"].astype("float32")
+        ),
+        lambda logits: (logits > 0).numpy().astype(np.int64),
+        F.sigmoid,
     ),
 }

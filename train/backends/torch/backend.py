@@ -457,7 +457,7 @@ class TorchBackend(Backend):
         from train.backends.torch.export import export
 
         self._set_training(False)
-        return export(self.net, fmt, directory, input_shape, pad)
+        return export(self.net, fmt, directory, input_shape, pad, self._head.probabilities)
 
     def init_weights_from(self, path: str | Path) -> weights.InitReport:
         """model.init_from (after build): load the tensors of ``path`` whose names and shapes

@@ -1,9 +1,9 @@
 """A trained torch model out of the repository: ONNX, checked with ONNX Runtime by the tests.
 
 The exported graph takes the normalized NCHW float32 batch of the preprocessing contract
-(train/inference.py, preprocess.json) and returns softmax probabilities. For OCR it also reads
-an input of exactly 0 as the padding the model was trained with (see Deployed), and the batch
-and the line width are dynamic.
+(train/inference.py, preprocess.json) and returns probabilities (softmax, or a sigmoid per tag
+for multi-label tasks). For OCR it also reads an input of exactly 0 as the padding the model was
+trained with (see Deployed), and the batch and the line width are dynamic.
 """
 
 from __future__ import annotations
@@ -18,26 +18,30 @@ FORMATS = ("onnx",)
 
 
 class Deployed(nn.Module):
-    """The trained network with what inference needs around it: softmax over the classes, and
-    for OCR the padding value. Training pads lines with uint8 128, which normalizes to
-    ``pad`` (1/255); PaddleOCR's resize_norm_img pads with 0 after normalization, a value no
-    pixel normalizes to ((p / 255 - 0.5) / 0.5 is never 0 for an integer p), so 0 is read as
-    padding and both preprocessings give the model the inputs it was trained on."""
+    """The trained network with what inference needs around it: its loss kind's probabilities
+    (softmax over the classes, a sigmoid per tag), and for OCR the padding value. Training
+    pads lines with uint8 128, which normalizes to ``pad`` (1/255); PaddleOCR's
+    resize_norm_img pads with 0 after normalization, a value no pixel normalizes to
+    ((p / 255 - 0.5) / 0.5 is never 0 for an integer p), so 0 is read as padding and both
+    preprocessings give the model the inputs it was trained on."""
 
-    def __init__(self, net: nn.Module, pad: float | None) -> None:
+    def __init__(self, net: nn.Module, pad: float | None, probabilities) -> None:
+        """``probabilities``: the task's loss kind's (HEADS' Head.probabilities)."""
         super().__init__()
-        self.net, self.pad = net, pad
+        self.net, self.pad, self.probabilities = net, pad, probabilities
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.pad is not None:
             images = torch.where(images == 0, torch.full_like(images, self.pad), images)
-        return torch.softmax(self.net(images), dim=-1)
+        return self.probabilities(self.net(images))
 
 
-def export(net: nn.Module, fmt: str, directory: Path, input_shape, pad: float | None) -> list[Path]:
+def export(
+    net: nn.Module, fmt: str, directory: Path, input_shape, pad: float | None, probabilities
+) -> list[Path]:
     if fmt not in FORMATS:
         raise ValueError(f"torch models export to {', '.join(FORMATS)}, not {fmt}")
-    deployed = Deployed(net, pad).eval().cpu()
+    deployed = Deployed(net, pad, probabilities).eval().cpu()
     path = Path(directory) / ONNX_FILE
     sequence = pad is not None  # OCR: [N, T, classes], T follows the line width
     dynamic = {"images": {0: "batch"}, "probabilities": {0: "batch"}}

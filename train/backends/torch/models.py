@@ -104,6 +104,9 @@ def build_model(
 class Head:
     loss: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]  # float32 scores
     decode: Callable[[torch.Tensor], np.ndarray]  # scores -> int64 predictions (the contract's)
+    # scores -> what an exported model outputs: probabilities over the last axis (one class of
+    # several), or each output's own (multi_label: independent yes/no per tag)
+    probabilities: Callable[[torch.Tensor], torch.Tensor] = lambda scores: scores.softmax(-1)
 
 
 # zero_infinity: a label too long for the T time steps gives an infinite loss; count it as zero
@@ -127,4 +130,11 @@ HEADS = {  # by Task.loss (train/tasks.py's LOSSES)
     # Class per time step [N, T] (0 = blank); the metric decodes CTC greedily.
     "ctc": Head(_ctc_loss, lambda scores: scores.argmax(2).cpu().numpy().astype(np.int64)),
     "cross_entropy": Head(lambda scores, batch: F.cross_entropy(scores, batch["label"]), _top5),
+    # One independent yes/no per tag [N, tags]: a tag is predicted where its score is > 0
+    # (probability > 0.5), as train/inference.py decodes the exported sigmoid.
+    "multi_label": Head(
+        lambda scores, batch: F.binary_cross_entropy_with_logits(scores, batch["label"].float()),
+        lambda scores: (scores > 0).cpu().numpy().astype(np.int64),
+        torch.sigmoid,
+    ),
 }
