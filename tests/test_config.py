@@ -37,7 +37,13 @@ IMAGE_ROOTS = {
     "RUNS_ROOT": "/runs",
     "CACHE_ROOT": "/cache",
 }
-CHECKOUT_DATA = {"ocr": "data/synth_ocr/", "resnet50": "data/synth_imagenet/"}
+# Each task's data, in the images and in a checkout (tagging reads the ResNet-50 files' tags).
+IMAGE_DATA = {"ocr": "/data/ocr/", "resnet50": "/data/resnet50/", "tagging": "/data/resnet50/"}
+CHECKOUT_DATA = {
+    "ocr": "data/synth_ocr/",
+    "resnet50": "data/synth_imagenet/",
+    "tagging": "data/synth_imagenet/",
+}
 
 # fixture file -> a substring its one-line error must contain
 EXPECTED_ERRORS = {
@@ -164,7 +170,7 @@ def test_scenarios_use_the_images_roots(path: Path, monkeypatch):
     data_paths = local_paths(inside)
     assert "data.train" in data_paths or inside.data.train.startswith("s3://")
     for key, value in data_paths.items():
-        assert value.startswith(f"/data/{task}/"), f"{key}: {value}"
+        assert value.startswith(IMAGE_DATA[task]), f"{key}: {value}"
     assert inside.output.dir == f"/runs/{task}-{inside.framework}-{path.stem}"
     assert inside.data.cache_dir.startswith("/cache/"), inside.data.cache_dir
     assert inside.data.remote_cache_dir.startswith("/cache/"), inside.data.remote_cache_dir

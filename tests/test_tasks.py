@@ -58,6 +58,7 @@ def fixture_configs(ocr_lmdb, image_h5):
     data_by_task = {
         "ocr": {"train": str(ocr_lmdb), "char_dict": str(ocr_lmdb.parent / "charset.txt")},
         "resnet50": {"train": str(image_h5), "image_size": 64, "eval_resize": 72},
+        "tagging": {"train": str(image_h5), "image_size": 64, "eval_resize": 72},
     }
     for name, data in data_by_task.items():
         config = config_from_dict({"task": name, "framework": "torch", "data": data})
