@@ -34,7 +34,7 @@ FRAMEWORKS = [
     pytest.param("torch", marks=pytest.mark.torch),
     pytest.param("paddle", marks=pytest.mark.paddle),
 ]
-TASKS = ["ocr", "resnet50"]
+TASKS = ["ocr", "classification"]
 
 
 # ---------------------------------------------------------------- fixtures
@@ -45,13 +45,13 @@ def framework(request) -> str:
 
 @pytest.fixture
 def data_of(ocr_lmdb, image_h5):
-    return {"ocr": ocr_lmdb, "resnet50": image_h5}
+    return {"ocr": ocr_lmdb, "classification": image_h5}
 
 
 # ---------------------------------------------------------------- learning and predictions
 @pytest.mark.parametrize("task", TASKS)
 def test_overfits_one_batch_and_predicts_in_the_contracts_layout(framework, task, data_of):
-    optim = {"ocr": {"name": "adam", "lr": 3.0e-3}, "resnet50": {}}[task]
+    optim = {"ocr": {"name": "adam", "lr": 3.0e-3}, "classification": {}}[task]
     config = make_config(framework, task, data_of[task], optim=optim)
     backend = start(config)
     (batch,), num_classes = first_batches(backend, config, 1)
@@ -109,7 +109,7 @@ RESUME_OPTIM = {  # momentum/Adam state, warmup, both decaying schedules and cli
         "schedule": "cosine",
         "grad_clip": 5.0,
     },
-    "resnet50": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "schedule": "step"},
+    "classification": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "schedule": "step"},
 }
 
 

@@ -208,7 +208,7 @@ from train.backends import make_backend
 from train.config import config_from_dict
 
 config = config_from_dict({
-    "task": "resnet50", "framework": "paddle", "deterministic": True,
+    "task": "classification", "framework": "paddle", "deterministic": True,
     "data": {"train": "unused.h5"}, "model": {"name": "resnet18"},
     "optim": {"name": "sgd", "lr": 0.01}, "train": {"device": "cpu"},
 })

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from train import tasks
 from train.config import (
     RESOLVED_NAME,
     Config,
@@ -22,13 +23,13 @@ from train.config import (
     save_resolved,
 )
 from train.cpus import resolve_num_workers
-from train.tasks import TASK_NAMES
+from train.tasks import TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((REPO_ROOT / "configs").glob("*/*.yaml"))
 BAD_CONFIGS_DIR = REPO_ROOT / "tests" / "fixtures" / "bad_configs"
 BAD_CONFIGS = sorted(BAD_CONFIGS_DIR.glob("*.yaml"))
-MINIMAL = {"task": "resnet50", "framework": "torch", "data": {"train": "data/x.h5"}}
+MINIMAL = {"task": "classification", "framework": "torch", "data": {"train": "data/x.h5"}}
 # The roots the scenario files read as ${NAME:-default}, as the images set them (ENV in
 # docker/*.Dockerfile); unset, the defaults are the checkout's layout.
 IMAGE_ROOTS = {
@@ -109,9 +110,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_every_scenario_folder_has_the_standard_scenarios():
     expected = {"base", "smoke", "single_gpu", "multi_gpu", "small_dataset"}
     expected.add("remote_storage")
-    for task in TASK_NAMES:  # every task of train/tasks.py
-        names = {path.stem for path in (REPO_ROOT / "configs" / task).glob("*.yaml")}
-        assert expected <= names, f"configs/{task} lacks {sorted(expected - names)}"
+    for task in TASKS.values():  # every task of train/tasks.py
+        names = {path.stem for path in (REPO_ROOT / task.scenario_dir).glob("*.yaml")}
+        assert expected <= names, f"{task.scenario_dir} lacks {sorted(expected - names)}"
 
 
 def _without_weights(path: Path) -> list[str]:
@@ -124,7 +125,7 @@ def _without_weights(path: Path) -> list[str]:
 def test_scenario_config_loads(path: Path):
     # dataset paths need not exist: the loader never opens them
     config = load_config(path, _without_weights(path))
-    assert config.task == path.parent.name
+    assert tasks.get(config.task).scenario_dir == f"configs/{path.parent.name}"
     assert config.model.name is not None, "model.name is filled from the task"
     assert "{" not in config.output.dir and config.output.dir.endswith(path.stem)
 
@@ -258,7 +259,7 @@ def test_env_reference_in_a_set_value(monkeypatch):
 def test_env_error_names_the_file_that_set_the_key(tmp_path: Path, monkeypatch):
     monkeypatch.delenv("STARVED_TEST_UNSET", raising=False)
     (tmp_path / "base.yaml").write_text(
-        "task: resnet50\nframework: torch\ndata:\n  train: ${STARVED_TEST_UNSET}/t.h5\n"
+        "task: classification\nframework: torch\ndata:\n  train: ${STARVED_TEST_UNSET}/t.h5\n"
     )
     (tmp_path / "child.yaml").write_text("extends: base.yaml\nseed: 3\n")
     with pytest.raises(ConfigError) as caught:
@@ -442,7 +443,7 @@ def test_int_is_accepted_for_float_but_bool_is_not():
 def test_defaults_fill_by_task_and_file_name():
     config = config_from_dict(MINIMAL, name="mine")
     assert config.model.name == "resnet50"
-    assert config.output.dir == "runs/resnet50-torch-mine"
+    assert config.output.dir == "runs/classification-torch-mine"
     assert config.loader.num_workers == "auto" and config.loader.prefetch_factor is None
     assert config.data.cache_max_bytes == 2 * 1024**3
 

@@ -225,7 +225,7 @@ def test_unreadable_data_fails_naming_the_path_not_a_traceback(what, tmp_path, o
     if what == "hdf5":
         data.mkdir()
         shutil.copy(image_h5, data / "train.h5")
-        config = write_config(tmp_path, data / "train.h5", task="resnet50")
+        config = write_config(tmp_path, data / "train.h5", task="classification")
         denied = data / "train.h5"
     else:
         shutil.copytree(ocr_lmdb.parent, data)

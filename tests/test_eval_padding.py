@@ -65,7 +65,8 @@ def evaluated_on(world_size: int, num_samples: int, batch_size: int) -> dict[str
     for rank in range(world_size):
         sampler = EpochSampler(num_samples, shuffle=False, rank=rank, world_size=world_size)
         loader = EpochBatchSampler(sampler, batch_size, drop_last=False)
-        result = evaluate(PositionBackend(reduced), loader, "resnet50", counted=sampler.unpadded)
+        backend = PositionBackend(reduced)
+        result = evaluate(backend, loader, "classification", counted=sampler.unpadded)
     return result
 
 
@@ -83,7 +84,7 @@ def test_without_counted_every_row_counts():
     """A loader that is not an EpochSampler share (counted=None) counts every row it reads."""
     sampler = EpochSampler(5, shuffle=False, rank=1, world_size=2)
     loader = EpochBatchSampler(sampler, 2, drop_last=False)
-    assert evaluate(PositionBackend([]), loader, "resnet50")["top1"] == pytest.approx(1 / 3)
+    assert evaluate(PositionBackend([]), loader, "classification")["top1"] == pytest.approx(1 / 3)
 
 
 # ---------------------------------------------------------------- two real ranks over gloo

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def data_of(ocr_lmdb, image_h5):
-    return {"ocr": ocr_lmdb, "resnet50": image_h5}
+    return {"ocr": ocr_lmdb, "classification": image_h5}
 
 
 # ---------------------------------------------------------------- Paddle: fp16 loss scaling
@@ -58,7 +58,7 @@ def paddle_fp16_scaler(monkeypatch, init_loss_scaling: float):
 
 
 @pytest.mark.paddle
-@pytest.mark.parametrize("task", ["ocr", "resnet50"])
+@pytest.mark.parametrize("task", ["ocr", "classification"])
 def test_paddle_fp16_loss_scaling_steps_with_parameter_groups_and_clipping(
     task, data_of, monkeypatch
 ):

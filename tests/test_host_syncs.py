@@ -106,8 +106,8 @@ def state_values(backend, framework: str) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize(
     "task, optim",
     [
-        ("resnet50", {"name": "adamw", "lr": 1.0e-3, "grad_clip": 1.0}),
-        ("resnet50", {"name": "sgd", "lr": 1.0e-2, "momentum": 0.9}),
+        ("classification", {"name": "adamw", "lr": 1.0e-3, "grad_clip": 1.0}),
+        ("classification", {"name": "sgd", "lr": 1.0e-2, "momentum": 0.9}),
         ("ocr", {"name": "adam", "lr": 1.0e-3}),
     ],
     ids=["resnet-adamw-clip", "resnet-sgd-momentum", "ocr-adam"],

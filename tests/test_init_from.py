@@ -31,7 +31,7 @@ HEAD = {"torch": {"fc.weight", "fc.bias"}, "paddle": {"fc.weight", "fc.bias"}}
 
 
 def _resnet(framework: str, image_h5: Path, num_classes: int, seed: int):
-    config = make_config(framework, "resnet50", image_h5, model={"num_classes": num_classes})
+    config = make_config(framework, "classification", image_h5, model={"num_classes": num_classes})
     backend = start(config, seed=seed)
     build(backend, config, num_classes, total_steps=4)
     return backend, config
@@ -144,7 +144,7 @@ def test_other_frameworks_checkpoint_is_a_clear_error(framework, image_h5, tmp_p
 
 
 def test_bad_init_from_is_a_config_error_naming_the_key(image_h5, tmp_path):
-    raw = {"task": "resnet50", "framework": "torch", "data": {"train": str(image_h5)}}
+    raw = {"task": "classification", "framework": "torch", "data": {"train": str(image_h5)}}
     for path, problem in (
         (tmp_path / "nope", "does not exist"),
         (tmp_path, "directory without a checkpoint"),

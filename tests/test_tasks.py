@@ -57,7 +57,7 @@ def fixture_configs(ocr_lmdb, image_h5):
     """(task name, config, task) for each task over the test fixtures' data."""
     data_by_task = {
         "ocr": {"train": str(ocr_lmdb), "char_dict": str(ocr_lmdb.parent / "charset.txt")},
-        "resnet50": {"train": str(image_h5), "image_size": 64, "eval_resize": 72},
+        "classification": {"train": str(image_h5), "image_size": 64, "eval_resize": 72},
         "tagging": {"train": str(image_h5), "image_size": 64, "eval_resize": 72},
     }
     for name, data in data_by_task.items():
@@ -83,7 +83,7 @@ def test_num_classes_come_from_the_data_unless_the_config_says():
         "D", (), {"transform": type("T", (), {"char_dict": type("C", (), {"num_classes": 11})})}
     )
     assert ocr.num_classes(ModelConfig(), fake_ocr) == 11
-    resnet = tasks.get("resnet50")
+    resnet = tasks.get("classification")
     fake = type("D", (), {"source": type("S", (), {"class_names": ["a", "b", "c"]})})
     assert resnet.num_classes(ModelConfig(), fake) == 3
     assert resnet.num_classes(ModelConfig(num_classes=1000), fake) == 1000
@@ -106,7 +106,7 @@ def test_each_loss_kind_decodes_after_training_and_a_task_needs_a_known_one():
 
     assert set(inference.DECODERS) == set(tasks.LOSSES)
     with pytest.raises(ValueError, match="loss 'focal'"):
-        replace(tasks.get("resnet50"), loss="focal")
+        replace(tasks.get("classification"), loss="focal")
 
 
 def test_the_pad_value_is_the_padding_pixel_normalized():
@@ -116,7 +116,7 @@ def test_the_pad_value_is_the_padding_pixel_normalized():
 
     assert tasks.get("ocr").pad_pixel() == PAD_VALUE
     assert tasks.get("ocr").pad_value() == pytest.approx((PAD_VALUE / 255 - 0.5) / 0.5, abs=1e-6)
-    assert tasks.get("resnet50").pad_value() is None
+    assert tasks.get("classification").pad_value() is None
 
 
 # ---------------------------------------------------------------- train/backends/common.py
@@ -167,3 +167,23 @@ def test_crnn_plan_gives_a_quarter_of_the_width_as_time_steps():
     assert plan.head == (512, 11) and plan.height == 48
     with pytest.raises(ValueError, match="divisible by 16"):
         crnn_plan(widths, (3, 40, 320), 256, 11)
+
+
+def test_the_old_classification_task_name_reads_with_one_deprecation_line(caplog):
+    """task: resnet50 (the classification task's old name) still loads, as classification,
+    with one warning line per process however many configs name it."""
+    from train.config import load as config_load
+
+    config_load._WARNED_RENAMES.discard("resnet50")
+    old = {"task": "resnet50", "framework": "torch", "data": {"train": "data/x.h5"}}
+    with caplog.at_level(logging.WARNING, logger="train.config.load"):
+        first = config_from_dict(old)
+        second = config_from_dict(old)
+    assert first.task == second.task == "classification"
+    assert first.model.name == "resnet50"  # the default model stays
+    lines = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert lines == [
+        "task: resnet50 is deprecated, read as task: classification; "
+        "write task: classification in the config"
+    ]
+    assert tasks.get("resnet50") is tasks.get("classification")  # old exports and checkpoints

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train import faults
+from train import faults, tasks
 from train.errors import CheckpointError, WorkerDiedError  # raised here; main maps them
 
 log = logging.getLogger(__name__)
@@ -359,7 +359,8 @@ def restore(run_dir: Path, backend, config) -> Position:
                 if key == "framework"
                 else (config.task if key == "task" else config.model.name)
             )
-            if meta[key] != wanted:
+            found = tasks.current_name(meta[key]) if key == "task" else meta[key]
+            if found != wanted:
                 raise CheckpointError(
                     f"--resume: {path} was written by {key}={meta[key]}, this config has "
                     f"{wanted}. HINT: resume with the config that started the run, or use a new "

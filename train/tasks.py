@@ -99,6 +99,8 @@ class Task:
     # The uint8 value the task's transforms pad an image with to the input's width (None: they
     # never pad). A callable: the transforms import OpenCV, which this table does not need.
     pad_pixel: Callable[[], int] | None = None
+    # the folder of configs/ holding the task's scenario files (None: the task's name)
+    scenarios: str | None = None
     # train.evaluate's figures besides the metric's: (key in its report, a fresh accumulator)
     breakdowns: tuple[tuple[str, Callable[[], Breakdown]], ...] = ()
     # train.predict: (a record's label, the model's labels) -> the label as the decoded
@@ -117,6 +119,11 @@ class Task:
         if name is None:
             return self.models[0]
         return next(model for model in self.models if model.name == name)
+
+    @property
+    def scenario_dir(self) -> str:
+        """configs/<this>/: the folder of the task's scenario files."""
+        return f"configs/{self.scenarios or self.name}"
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -271,7 +278,7 @@ OCR = Task(
 )
 
 
-# ---------------------------------------------------------------- ResNet: classes of images in HDF5
+# ---------------------------------------------------------------- classification: a class per image
 def open_images(data, path: str, *, train: bool, seed: int = 0, **policy) -> RecordDataset:
     from datasets.dataset import build_image_dataset
 
@@ -325,9 +332,11 @@ def image_problems(data) -> Iterator[Problem]:
         yield "data.eval_resize", problem, "eval resizes, then center-crops image_size"
 
 
-RESNET50 = Task(
-    name="resnet50",
+CLASSIFICATION = Task(
+    name="classification",
     models=(Model("resnet50", "resnet", 25.6e6), Model("resnet18", "resnet", 11.7e6)),
+    # The ResNet-50 recipes: their runs keep the resnet50-<framework>-<scenario> names.
+    scenarios="resnet50",
     label_keys=("label",),
     mean=(0.485, 0.456, 0.406),  # ImageNet's, RGB
     std=(0.229, 0.224, 0.225),
@@ -365,12 +374,19 @@ def _registered(built_in: tuple[Task, ...]) -> dict[str, Task]:
     return {task.name: task for task in found}
 
 
-TASKS: dict[str, Task] = _registered((OCR, RESNET50))
+TASKS: dict[str, Task] = _registered((OCR, CLASSIFICATION))
 TASK_NAMES = tuple(TASKS)
+# Old task names, still read (a config's task:, an old checkpoint's or export's): the name now.
+RENAMED = {"resnet50": "classification"}
 # Every model once, in task order (a model may serve several tasks).
 MODEL_NAMES = tuple(dict.fromkeys(m.name for task in TASKS.values() for m in task.models))
 
 
+def current_name(name: str) -> str:
+    """``name``, or the name of the task once called so (RENAMED)."""
+    return RENAMED.get(name, name)
+
+
 def get(name: str) -> Task:
-    """The task called ``name`` (a validated config's task)."""
-    return TASKS[name]
+    """The task called ``name`` (a validated config's task, or an old name of one)."""
+    return TASKS[current_name(name)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import logging
 import os
 import re
 import tempfile
@@ -18,7 +19,9 @@ import yaml
 from train.config.errors import ConfigError, show
 from train.config.schema import Config
 from train.config.validate import check
-from train.tasks import TASK_NAMES
+from train.tasks import RENAMED, TASKS
+
+log = logging.getLogger(__name__)
 
 RESOLVED_NAME = "config.resolved.yaml"
 
@@ -219,6 +222,7 @@ def _resolve(
 ) -> Config:
     for item in overrides:
         _apply_override(data, item, origins)
+    _rename_task(data)
     try:
         data = _expand_env(data, "", dict(os.environ))
         return check(data, name)
@@ -227,11 +231,32 @@ def _resolve(
         raise
 
 
+_WARNED_RENAMES: set[str] = set()  # old task names already warned about in this process
+
+
+def _rename_task(data: dict) -> None:
+    """An old task name (train/tasks.py's RENAMED) reads as its new one, with a one-line
+    warning once per process."""
+    old = data.get("task")
+    if not isinstance(old, str) or old not in RENAMED:
+        return
+    data["task"] = RENAMED[old]
+    if old not in _WARNED_RENAMES:
+        _WARNED_RENAMES.add(old)
+        log.warning(
+            "task: %s is deprecated, read as task: %s; write task: %s in the config",
+            old,
+            RENAMED[old],
+            RENAMED[old],
+        )
+
+
 def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Config:
     """Read a scenario YAML (following extends), apply --set overrides, validate everything."""
     path = Path(path)
     if not path.is_file():
-        hint = f"scenario files live in {' and '.join(f'configs/{t}/' for t in TASK_NAMES)}"
+        folders = dict.fromkeys(f"{task.scenario_dir}/" for task in TASKS.values())
+        hint = f"scenario files live in {' and '.join(folders)}"
         raise ConfigError("", "file not found", hint, source=str(path))
     data, origins = _read_with_extends(path.resolve(), ())
     return _resolve(data, path.stem, overrides, origins, default_source=_display(path))
