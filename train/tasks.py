@@ -363,9 +363,14 @@ def _registered(built_in: tuple[Task, ...]) -> dict[str, Task]:
 
     found = list(built_in)
     for module in sorted(pkgutil.iter_modules(task_modules.__path__), key=lambda m: m.name):
-        task = importlib.import_module(f"{task_modules.__name__}.{module.name}").TASK
+        task = getattr(
+            importlib.import_module(f"{task_modules.__name__}.{module.name}"), "TASK", None
+        )
         if not isinstance(task, Task):
-            raise TypeError(f"train/task_modules/{module.name}.py: TASK is not a Task")
+            raise TypeError(
+                f"train/task_modules/{module.name}.py defines no TASK = Task(...); define it, "
+                "or move the module out of train/task_modules/"
+            )
         found.append(task)
     names = [task.name for task in found]
     duplicated = sorted({name for name in names if names.count(name) > 1})
