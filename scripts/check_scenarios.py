@@ -24,6 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from datasets.remote import is_remote  # noqa: E402
+from train import tasks  # noqa: E402
 from train.config import ConfigError, add_overrides_argument, load_config  # noqa: E402
 from train.paths import read_problem, write_problem  # noqa: E402
 
@@ -34,7 +35,7 @@ def scenario_problems(config) -> list[str]:
     """Everything about this config's paths that would stop a run here, one line each."""
     data = config.data
     problems = []
-    for name in ("train", "val", "char_dict", "skip_keys_file"):
+    for name in ("train", "val", "skip_keys_file", *tasks.get(config.task).input_files):
         path = getattr(data, name)
         if not path or is_remote(path):
             continue

@@ -38,13 +38,9 @@ IMAGE_ROOTS = {
     "RUNS_ROOT": "/runs",
     "CACHE_ROOT": "/cache",
 }
-# Each task's data, in the images and in a checkout (tagging reads the ResNet-50 files' tags).
-IMAGE_DATA = {"ocr": "/data/ocr/", "resnet50": "/data/resnet50/", "tagging": "/data/resnet50/"}
-CHECKOUT_DATA = {
-    "ocr": "data/synth_ocr/",
-    "resnet50": "data/synth_imagenet/",
-    "tagging": "data/synth_imagenet/",
-}
+# The data roots of the images (a scenario reads its data under one of them); in a checkout,
+# data lies under data/.
+IMAGE_DATA_ROOTS = tuple(f"{IMAGE_ROOTS[name]}/" for name in ("OCR_DATA_DIR", "RESNET50_DATA_DIR"))
 
 # fixture file -> a substring its one-line error must contain
 EXPECTED_ERRORS = {
@@ -155,7 +151,7 @@ def test_scenarios_set_what_their_names_promise():
 
 def local_paths(config: Config) -> dict[str, str]:
     """The config's local dataset paths by key (s3:// URLs are not local)."""
-    names = ("train", "val", "char_dict", "skip_keys_file")
+    names = ("train", "val", "skip_keys_file", *tasks.get(config.task).input_files)
     paths = {f"data.{n}": getattr(config.data, n) for n in names}
     return {key: path for key, path in paths.items() if path and not path.startswith("s3://")}
 
@@ -171,7 +167,7 @@ def test_scenarios_use_the_images_roots(path: Path, monkeypatch):
     data_paths = local_paths(inside)
     assert "data.train" in data_paths or inside.data.train.startswith("s3://")
     for key, value in data_paths.items():
-        assert value.startswith(IMAGE_DATA[task]), f"{key}: {value}"
+        assert value.startswith(IMAGE_DATA_ROOTS), f"{key}: {value}"
     assert inside.output.dir == f"/runs/{task}-{inside.framework}-{path.stem}"
     assert inside.data.cache_dir.startswith("/cache/"), inside.data.cache_dir
     assert inside.data.remote_cache_dir.startswith("/cache/"), inside.data.remote_cache_dir
@@ -180,7 +176,7 @@ def test_scenarios_use_the_images_roots(path: Path, monkeypatch):
         monkeypatch.delenv(name)
     checkout = load_config(path, _without_weights(path))
     for key, value in local_paths(checkout).items():
-        assert value.startswith(CHECKOUT_DATA[task]), f"{key}: {value}"
+        assert value.startswith("data/synth_"), f"{key}: {value}"
     assert checkout.output.dir == f"runs/{task}-{checkout.framework}-{path.stem}"
     assert checkout.data.cache_dir.startswith(".cache/"), checkout.data.cache_dir
     assert checkout.data.remote_cache_dir.startswith(".cache/"), checkout.data.remote_cache_dir
@@ -301,10 +297,9 @@ def test_resolved_config_is_written_owner_only(tmp_path):
 
 def test_env_reference_outside_strings_and_in_lists(monkeypatch):
     monkeypatch.setenv("STARVED_TEST_ROOT", "/mnt/x")
-    config = config_from_dict(
-        {**MINIMAL, "data": {"train": "t.h5", "image_shape": [3, 48, 320]}, "seed": 4}
-    )
-    assert config.data.image_shape == [3, 48, 320] and config.seed == 4
+    data = {"train": "t", "char_dict": "c.txt", "image_shape": [3, 32, 320]}
+    config = config_from_dict({**MINIMAL, "task": "ocr", "data": data, "seed": 4})
+    assert config.data.image_shape == [3, 32, 320] and config.seed == 4
     with pytest.raises(ConfigError, match=r"data\.image_shape\[1\]"):
         config_from_dict(
             {**MINIMAL, "data": {"train": "t.h5", "image_shape": [3, "${STARVED_TEST_NONE}", 9]}}
@@ -506,3 +501,40 @@ def test_resolve_num_workers_passes_numbers_through_and_reads_this_machine():
     assert resolve_num_workers(12)[0] == 12
     count, reason = resolve_num_workers("auto")
     assert 1 <= count <= 8 and reason.startswith("auto: min(8, 0.75 x ")
+
+
+# ---------------------------------------------------------------- each task's own data section
+def test_each_task_parses_data_as_its_own_section():
+    for task in TASKS.values():
+        folder = REPO_ROOT / task.scenario_dir
+        config = load_config(folder / "smoke.yaml")
+        assert type(config.data) is task.data, task.name
+    assert not hasattr(load_config(REPO_ROOT / "configs/ocr/smoke.yaml").data, "image_size")
+    assert not hasattr(load_config(REPO_ROOT / "configs/resnet50/smoke.yaml").data, "char_dict")
+
+
+def test_a_config_with_every_tasks_data_keys_at_their_defaults_still_loads():
+    """A config written when one flat data section held every task's keys (a run's
+    config.resolved.yaml holds them all) loads: the other tasks' keys at their defaults."""
+    flat = {
+        "train": "t",
+        "char_dict": None,
+        "use_space_char": False,
+        "image_shape": [3, 48, 320],
+        "max_text_length": 25,
+        "image_size": 96,
+        "eval_resize": 256,
+    }
+    config = config_from_dict({**MINIMAL, "data": flat})
+    assert (config.data.image_size, config.data.eval_resize) == (96, 256)
+    ocr_data = {**flat, "char_dict": "c.txt", "image_size": 224}  # the old default
+    ocr = config_from_dict({**MINIMAL, "task": "ocr", "data": ocr_data})
+    assert ocr.data.char_dict == "c.txt" and not hasattr(ocr.data, "image_size")
+    assert type(ocr.data) is tasks.get("ocr").data
+
+
+def test_another_tasks_data_key_set_is_an_error_naming_its_task():
+    data = {"train": "t", "image_shape": [3, 32, 100]}
+    with pytest.raises(ConfigError, match=r"data\.image_shape: is a data key of task ocr") as err:
+        config_from_dict({**MINIMAL, "data": data})
+    assert "set task: ocr" in str(err.value)

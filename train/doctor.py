@@ -159,7 +159,8 @@ def check_cache_dirs(config) -> list[Check]:
     checks = []
     if data.cache == "disk":
         checks.append(_check_disk_cache(data))
-    sources = (data.train, data.val, data.char_dict, data.skip_keys_file)
+    own_files = [getattr(data, name) for name in tasks.get(config.task).input_files]
+    sources = (data.train, data.val, data.skip_keys_file, *own_files)
     if any(path and remote.is_remote(path) for path in sources):
         checks.append(_check_remote_cache(data))
     return checks

@@ -15,11 +15,12 @@ loss they already have adds nothing there. docs/architecture.md shows how to add
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from train.config.fields import DataConfig, PositiveInt
 from train.metrics import Breakdown, Metric, OcrLengthAccuracy, OcrMetric, TopKMetric
 
 if TYPE_CHECKING:
@@ -99,6 +100,9 @@ class Task:
     # The uint8 value the task's transforms pad an image with to the input's width (None: they
     # never pad). A callable: the transforms import OpenCV, which this table does not need.
     pad_pixel: Callable[[], int] | None = None
+    # The task's data section: DataConfig (what every task's has) or a subclass adding the
+    # task's own keys, each with its type and default; the config parses data: as it.
+    data: type[DataConfig] = DataConfig
     # the folder of configs/ holding the task's scenario files (None: the task's name)
     scenarios: str | None = None
     # train.evaluate's figures besides the metric's: (key in its report, a fresh accumulator)
@@ -155,6 +159,14 @@ class Task:
 
 
 # ---------------------------------------------------------------- OCR: CRNN + CTC on LMDB lines
+@dataclass(frozen=True, kw_only=True)
+class OcrData(DataConfig):
+    char_dict: str | None = None  # one character per line; required
+    use_space_char: bool = False  # add " " to the characters of char_dict
+    image_shape: list[PositiveInt] = field(default_factory=lambda: [3, 48, 320])  # C, H, W
+    max_text_length: PositiveInt = 25  # longest label, in characters
+
+
 def _open_ocr(data, path: str, *, train: bool, seed: int = 0, **policy) -> RecordDataset:
     from datasets.dataset import build_ocr_dataset
     from datasets.ocr_transforms import CharDict
@@ -272,6 +284,7 @@ OCR = Task(
     labels=_ocr_characters,
     contract=_ocr_contract,
     prepare_image=_prepare_line,
+    data=OcrData,
     input_files=("char_dict",),
     pad_pixel=_ocr_pad_pixel,
     breakdowns=(("acc_by_length", OcrLengthAccuracy),),
@@ -279,6 +292,12 @@ OCR = Task(
 
 
 # ---------------------------------------------------------------- classification: a class per image
+@dataclass(frozen=True, kw_only=True)
+class ImageData(DataConfig):
+    image_size: PositiveInt = 224  # random-resized crop for training
+    eval_resize: PositiveInt = 256  # evaluation: resize the short side, then center-crop image_size
+
+
 def open_images(data, path: str, *, train: bool, seed: int = 0, **policy) -> RecordDataset:
     from datasets.dataset import build_image_dataset
 
@@ -335,6 +354,7 @@ def image_problems(data) -> Iterator[Problem]:
 CLASSIFICATION = Task(
     name="classification",
     models=(Model("resnet50", "resnet", 25.6e6), Model("resnet18", "resnet", 11.7e6)),
+    data=ImageData,
     # The ResNet-50 recipes: their runs keep the resnet50-<framework>-<scenario> names.
     scenarios="resnet50",
     label_keys=("label",),

@@ -8,9 +8,10 @@ prints the fully resolved config, or exits 2 with one line that says what is wro
     loader.num_workers?
 
 One module per concern: ``schema`` (the dataclasses: every field, its type, its default and its
-doc), ``validate`` (checking a mapping against the schema's type hints, then across fields),
-``load`` (YAML files, ``extends:``, ``--set``, ``${NAME}`` and the resolved file a run writes),
-``errors`` (the one-line ConfigError). Import from the package: ``from train.config import
+doc; ``data:`` is the task's own data section, Task.data, which extends ``fields``' DataConfig),
+``validate`` (checking a mapping against the schema's type hints, then across fields), ``load``
+(YAML files, ``extends:``, ``--set``, ``${NAME}`` and the resolved file a run writes), ``errors``
+(the one-line ConfigError). Import from the package: ``from train.config import
 load_config, Config, ConfigError``.
 
 Rules of the format

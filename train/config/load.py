@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
+from train import tasks
 from train.config.errors import ConfigError, show
 from train.config.schema import Config
 from train.config.validate import check
-from train.tasks import RENAMED, TASKS
 
 log = logging.getLogger(__name__)
 
@@ -238,16 +238,14 @@ def _rename_task(data: dict) -> None:
     """An old task name (train/tasks.py's RENAMED) reads as its new one, with a one-line
     warning once per process."""
     old = data.get("task")
-    if not isinstance(old, str) or old not in RENAMED:
+    if not isinstance(old, str) or old not in tasks.RENAMED:
         return
-    data["task"] = RENAMED[old]
+    new = tasks.RENAMED[old]
+    data["task"] = new
     if old not in _WARNED_RENAMES:
         _WARNED_RENAMES.add(old)
         log.warning(
-            "task: %s is deprecated, read as task: %s; write task: %s in the config",
-            old,
-            RENAMED[old],
-            RENAMED[old],
+            "task: %s is deprecated, read as task: %s; write task: %s in the config", old, new, new
         )
 
 
@@ -255,7 +253,7 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Confi
     """Read a scenario YAML (following extends), apply --set overrides, validate everything."""
     path = Path(path)
     if not path.is_file():
-        folders = dict.fromkeys(f"{task.scenario_dir}/" for task in TASKS.values())
+        folders = dict.fromkeys(f"{task.scenario_dir}/" for task in tasks.TASKS.values())
         hint = f"scenario files live in {' and '.join(folders)}"
         raise ConfigError("", "file not found", hint, source=str(path))
     data, origins = _read_with_extends(path.resolve(), ())

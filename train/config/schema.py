@@ -8,72 +8,24 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from datasets.cache import DEFAULT_CACHE_DIR, DEFAULT_CACHE_MAX_BYTES
-from train.config.errors import ConfigError
-from train.tasks import MODEL_NAMES, TASK_NAMES
+from train import tasks  # the module: train/tasks.py imports train.config.fields, not this
+from train.config.fields import (  # noqa: F401  (re-exported: the schema's types)
+    BYTES,
+    Bounds,
+    ByteSize,
+    DataConfig,
+    Fraction,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    WorkerCount,
+)
 
 GIB = 1024**3
 
 
-@dataclass(frozen=True)
-class Bounds:
-    """Range check attached to a type with Annotated, e.g. Annotated[int, Bounds(low=1)]."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False  # True: value must be strictly greater than low
-    hint: str = ""
-
-    def describe(self) -> str:
-        if self.low is not None and self.high is not None:
-            return f"between {self.low} and {self.high}"
-        if self.low is not None:
-            return f"> {self.low}" if self.low_open else f">= {self.low}"
-        return f"<= {self.high}"
-
-    def check(self, value: float, key: str) -> None:
-        too_low = self.low is not None and (
-            value <= self.low if self.low_open else value < self.low
-        )
-        if too_low or (self.high is not None and value > self.high):
-            raise ConfigError(key, f"must be {self.describe()}, got {value}", self.hint)
-
-
-BYTES = "bytes"  # Annotated marker: the field also accepts size strings such as 512m or 8g
-ByteSize = Annotated[int, BYTES]
-PositiveInt = Annotated[int, Bounds(low=1)]
-NonNegativeInt = Annotated[int, Bounds(low=0)]
-PositiveFloat = Annotated[float, Bounds(low=0, low_open=True)]
-NonNegativeFloat = Annotated[float, Bounds(low=0)]
-Fraction = Annotated[float, Bounds(low=0, high=1)]
-WorkerCount = Annotated[int, Bounds(low=0, hint="use 0 to load in the main process, or 'auto'")]
-
-
 # ---------------------------------------------------------------- one dataclass per section
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    train: str  # dataset: a local path (relative to the repository root) or an s3:// URL
-    val: str | None = None  # validation dataset, as train; None: no evaluation
-    char_dict: str | None = None  # OCR: one character per line; required when task is ocr
-    use_space_char: bool = False  # OCR: add " " to the characters of char_dict
-    image_shape: list[PositiveInt] = field(default_factory=lambda: [3, 48, 320])  # OCR: C, H, W
-    max_text_length: PositiveInt = 25  # OCR: longest label, in characters
-    augment: bool = True  # training-time augmentation (never for evaluation)
-    image_size: PositiveInt = 224  # ResNet: random-resized crop for training
-    eval_resize: PositiveInt = 256  # ResNet: resize the short side, then center-crop image_size
-    cache: Literal["none", "memory", "disk"] = "none"  # shared by all workers, bounded below
-    cache_dir: str = DEFAULT_CACHE_DIR  # cache: disk keeps its memory-mapped file here
-    cache_max_bytes: ByteSize = DEFAULT_CACHE_MAX_BYTES  # the cache's bound (memory or disk)
-    max_bad_fraction: Fraction = 0.01  # abort when more samples than this fail to decode
-    # An image with more pixels (read from its header, before decoding) is a bad sample of
-    # kind image_too_large: 40 M fits ImageNet's largest photos and long text lines, and keeps a
-    # 20000 x 20000 scan or a PNG decompression bomb from taking a worker's memory.
-    max_image_pixels: PositiveInt = 40_000_000
-    skip_keys_file: str | None = None  # keys to skip, one per line (e.g. an earlier run's)
-    remote_cache_dir: str = ".cache/remote"  # where s3:// data is staged before reading
-    remote_cache_max_bytes: ByteSize | None = None  # None: no limit
-
-
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
     batch_size: PositiveInt = 64  # per rank
@@ -112,7 +64,9 @@ class ShmConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    name: Literal[MODEL_NAMES] | None = None  # one of the task's (train/tasks.py); None: its 1st
+    name: Literal[tasks.MODEL_NAMES] | None = (
+        None  # one of the task's (train/tasks.py); None: its 1st
+    )
     hidden_size: PositiveInt = 256  # CRNN: BiLSTM width
     num_classes: PositiveInt | None = None  # ResNet; None: read from the dataset
     # Fine-tuning: a new run starts from these weights (a checkpoint or run directory, a torch
@@ -167,11 +121,11 @@ class OutputConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    task: Literal[TASK_NAMES]  # what to train: a task of train/tasks.py
+    task: Literal[tasks.TASK_NAMES]  # what to train: a task of train/tasks.py
     framework: Literal["paddle", "torch"]  # which backend trains it (train/backends/)
     seed: NonNegativeInt = 0  # model init, shuffling and augmentation
     deterministic: bool = False  # deterministic kernels (slower on a GPU)
-    data: DataConfig
+    data: DataConfig  # parsed as the task's own data section (Task.data, a DataConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     shm: ShmConfig = field(default_factory=ShmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -183,10 +137,12 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# The hint for each required key that is missing.
-REQUIRED_HINTS = {
-    "task": f"add {' or '.join(repr(f'task: {name}') for name in TASK_NAMES)}, or 'extends:' a "
-    "base file that has it",
-    "framework": "add 'framework: paddle' or 'framework: torch'",
-    "data.train": "set it to a dataset path (relative to the repository root) or an s3:// URL",
-}
+def required_hint(key: str) -> str:
+    """The hint for a required key that is missing."""
+    if key == "task":
+        names = " or ".join(repr(f"task: {name}") for name in tasks.TASK_NAMES)
+        return f"add {names}, or 'extends:' a base file that has it"
+    return {
+        "framework": "add 'framework: paddle' or 'framework: torch'",
+        "data.train": "set it to a dataset path (relative to the repository root) or an s3:// URL",
+    }.get(key, "")

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 
 from train import tasks
 from train.config.errors import ConfigError, show
-from train.config.schema import BYTES, REQUIRED_HINTS, Bounds, ByteSize, Config
+from train.config.schema import BYTES, Bounds, ByteSize, Config, DataConfig, required_hint
 
 
 class _WrongType(ConfigError):
@@ -123,21 +123,64 @@ def _parse_section(value: Any, cls: type, key: str) -> Any:
         raise _WrongType(key, "a mapping of keys (a section)", value)
     fields = {spec.name: spec for spec in dataclasses.fields(cls)}
     for name in value:
+        if name not in fields and issubclass(cls, DataConfig) and name in _task_data_defaults():
+            owners = [task.name for task in tasks.TASKS.values() if name in _data_keys(task)]
+            tasks_word = "tasks" if len(owners) > 1 else "task"
+            problem = f"is a data key of {tasks_word} {' and '.join(owners)}, not of this task"
+            raise ConfigError(f"{key}.{name}", problem, f"remove it, or set task: {owners[0]}")
         if name not in fields:
             raise _unknown_key(str(name), key, list(fields))
     hints = _type_hints(cls)
     kwargs = {}
     for name, spec in fields.items():
         child_key = f"{key}.{name}" if key else name
+        hint = hints[name]
+        if cls is Config and name == "data":  # the task's own data section (task comes first)
+            hint = tasks.get(kwargs["task"]).data
+            value = {**value, name: _without_other_tasks_defaults(value.get(name), hint)}
         if name in value:
-            kwargs[name] = _parse(value[name], hints[name], child_key)
-        elif dataclasses.is_dataclass(hints[name]):  # so errors name the missing inner key
-            kwargs[name] = _parse({}, hints[name], child_key)
+            kwargs[name] = _parse(value[name], hint, child_key)
+        elif dataclasses.is_dataclass(hint):  # so errors name the missing inner key
+            kwargs[name] = _parse({}, hint, child_key)
         elif spec.default is MISSING and spec.default_factory is MISSING:
-            raise ConfigError(
-                child_key, "required key is missing", REQUIRED_HINTS.get(child_key, "")
-            )
+            raise ConfigError(child_key, "required key is missing", required_hint(child_key))
     return cls(**kwargs)
+
+
+def _without_other_tasks_defaults(data: Any, block: type) -> Any:
+    """``data`` without the keys of other tasks' data sections that hold those sections'
+    defaults: every data key once lived in one section, and a config written then (a run's
+    config.resolved.yaml) holds them all. Set to anything else, such a key is an unknown key."""
+    if not isinstance(data, dict):
+        return data
+    own = {spec.name for spec in dataclasses.fields(block)}
+    defaults = _task_data_defaults()
+    return {
+        name: value
+        for name, value in data.items()
+        if name in own or name not in defaults or value not in defaults[name]
+    }
+
+
+def _data_keys(task) -> set[str]:
+    return {spec.name for spec in dataclasses.fields(task.data)}
+
+
+@functools.cache
+def _task_data_defaults() -> dict[str, list]:
+    """Each task's own data key (beyond DataConfig's) -> its defaults in the sections that
+    have it."""
+    common = {spec.name for spec in dataclasses.fields(DataConfig)}
+    found: dict[str, list] = {}
+    for task in tasks.TASKS.values():
+        for spec in dataclasses.fields(task.data):
+            if spec.name in common:
+                continue
+            if spec.default is not MISSING:
+                found.setdefault(spec.name, []).append(spec.default)
+            elif spec.default_factory is not MISSING:
+                found.setdefault(spec.name, []).append(spec.default_factory())
+    return found
 
 
 @functools.cache
@@ -159,9 +202,15 @@ def _unknown_key(name: str, section: str, valid: list[str]) -> ConfigError:
 
 
 def _field_paths(cls: type, prefix: str = "") -> list[str]:
+    """Every key's dotted path; data: every task's data keys."""
     paths = []
     for name, hint in _type_hints(cls).items():
         path = f"{prefix}{name}"
+        if hint is DataConfig:
+            blocks = dict.fromkeys(task.data for task in tasks.TASKS.values())
+            keys = dict.fromkeys(p for block in blocks for p in _field_paths(block, path + "."))
+            paths.extend(keys)
+            continue
         nested = dataclasses.is_dataclass(hint)
         paths.extend(_field_paths(hint, path + ".") if nested else [path])
     return paths
@@ -206,8 +255,8 @@ def _check_task(config: Config) -> str:
     for key, problem, hint in model_problems(data) if model_problems else ():
         raise ConfigError(key, problem, hint)
     if not data.train.strip():
-        raise ConfigError("data.train", "is empty", REQUIRED_HINTS["data.train"])
-    for name in ("train", "val", "char_dict", "skip_keys_file"):
+        raise ConfigError("data.train", "is empty", required_hint("data.train"))
+    for name in ("train", "val", "skip_keys_file", *task.input_files):
         path = getattr(data, name)
         if path and re.match(r"[A-Za-z][\w+.-]*://", path) and not path.startswith("s3://"):
             hint = "stage the data to a local path, or use s3://"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.metrics import MultiLabelMetric
-from train.tasks import Model, Task, image_contract, image_problems, prepare_image
+from train.tasks import ImageData, Model, Task, image_contract, image_problems, prepare_image
 
 # The sample-size estimate's tag count when data.train is not a local file yet (s3://, staged
 # later); the estimate only sizes /dev/shm, and the loop measures a real sample before it.
@@ -84,6 +84,7 @@ TASK = Task(
     std=(0.229, 0.224, 0.225),
     loss="multi_label",
     metric=MultiLabelMetric,
+    data=ImageData,  # the classification task's data keys: image_size, eval_resize
     open_dataset=_open_tagged,
     # One output per tag of the data: the multi-hot labels have exactly that many.
     num_classes=lambda model, train_set: len(train_set.source.class_names),
