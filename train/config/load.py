@@ -253,7 +253,7 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Confi
     """Read a scenario YAML (following extends), apply --set overrides, validate everything."""
     path = Path(path)
     if not path.is_file():
-        folders = dict.fromkeys(f"{task.scenario_dir}/" for task in tasks.TASKS.values())
+        folders = dict.fromkeys(f"{each.scenario_dir}/" for each in tasks.TASKS.values())
         hint = f"scenario files live in {' and '.join(folders)}"
         raise ConfigError("", "file not found", hint, source=str(path))
     data, origins = _read_with_extends(path.resolve(), ())

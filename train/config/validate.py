@@ -124,7 +124,7 @@ def _parse_section(value: Any, cls: type, key: str) -> Any:
     fields = {spec.name: spec for spec in dataclasses.fields(cls)}
     for name in value:
         if name not in fields and issubclass(cls, DataConfig) and name in _task_data_defaults():
-            owners = [task.name for task in tasks.TASKS.values() if name in _data_keys(task)]
+            owners = [each.name for each in tasks.TASKS.values() if name in _data_keys(each)]
             tasks_word = "tasks" if len(owners) > 1 else "task"
             problem = f"is a data key of {tasks_word} {' and '.join(owners)}, not of this task"
             raise ConfigError(f"{key}.{name}", problem, f"remove it, or set task: {owners[0]}")
@@ -172,8 +172,8 @@ def _task_data_defaults() -> dict[str, list]:
     have it."""
     common = {spec.name for spec in dataclasses.fields(DataConfig)}
     found: dict[str, list] = {}
-    for task in tasks.TASKS.values():
-        for spec in dataclasses.fields(task.data):
+    for each in tasks.TASKS.values():
+        for spec in dataclasses.fields(each.data):
             if spec.name in common:
                 continue
             if spec.default is not MISSING:
@@ -207,7 +207,7 @@ def _field_paths(cls: type, prefix: str = "") -> list[str]:
     for name, hint in _type_hints(cls).items():
         path = f"{prefix}{name}"
         if hint is DataConfig:
-            blocks = dict.fromkeys(task.data for task in tasks.TASKS.values())
+            blocks = dict.fromkeys(each.data for each in tasks.TASKS.values())
             keys = dict.fromkeys(p for block in blocks for p in _field_paths(block, path + "."))
             paths.extend(keys)
             continue
