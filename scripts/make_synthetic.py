@@ -8,7 +8,7 @@ r"""Generate synthetic datasets that a model can learn from.
 ocr writes OUT/train and OUT/val (OCR LMDBs in PaddleOCR's layout) and OUT/charset.txt (one
 character per line). imagenet writes one HDF5 file; write val with another --seed and the same
 --classes (class appearance depends on the class only). The file also holds each image's tags
-(pattern, bright, warm), which the tagging task reads.
+(pattern, bright, warm), which multi-label tasks read.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def make_imagenet(args: argparse.Namespace) -> int:
     from datasets.synthetic import IMAGENET_TAG_NAMES, imagenet_samples, write_all
 
     names = [f"class_{i:04d}" for i in range(args.classes)]
-    # Each image's tags too: the tagging task (multi-label) trains on the same files.
+    # Each image's tags too: a multi-label task trains on the same files.
     writer = Hdf5ImageWriter(
         args.out, names, overwrite=args.overwrite, tag_names=list(IMAGENET_TAG_NAMES)
     )

@@ -18,7 +18,7 @@ import pytest
 from datasets.hdf5_images import Hdf5TagSource
 from datasets.synthetic import IMAGENET_TAG_NAMES, imagenet_tags
 from tests.test_after_training import _cli, _predictions
-from tests.test_train import run_train
+from tests.test_train import ROOT, run_train
 from train import inference, tasks
 from train.metrics import MultiLabelMetric
 
@@ -46,6 +46,21 @@ def test_the_task_comes_from_its_own_module_with_a_loss_kind_of_its_own():
     assert tagging.label_text.__module__ == "train.task_modules.tagging"
     others = [task for name, task in tasks.TASKS.items() if name != "tagging"]
     assert "multi_label" not in {task.loss for task in others}
+
+
+def test_no_code_but_its_own_module_names_the_task():
+    """The task is its module and its configs: nothing else in the code that runs it (train/,
+    scripts/, bench/, datasets/) names it."""
+    naming = sorted(
+        str(path.relative_to(ROOT))
+        for folder in ("train", "scripts", "bench", "datasets")
+        for path in (ROOT / folder).rglob("*.py")
+        if "tagging" in path.read_text(encoding="utf-8")
+    )
+    assert naming == ["train/task_modules/tagging.py"]
+    scenarios = {path.stem for path in (ROOT / "configs" / "tagging").glob("*.yaml")}
+    standard = {"base", "smoke", "single_gpu", "multi_gpu", "small_dataset", "remote_storage"}
+    assert scenarios == standard
 
 
 def test_tags_are_written_read_and_batched_as_multi_hot(image_h5):
