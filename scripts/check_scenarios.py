@@ -24,7 +24,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from datasets.remote import is_remote  # noqa: E402
-from train import tasks  # noqa: E402
 from train.config import ConfigError, add_overrides_argument, load_config  # noqa: E402
 from train.paths import read_problem, write_problem  # noqa: E402
 
@@ -33,6 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def scenario_problems(config) -> list[str]:
     """Everything about this config's paths that would stop a run here, one line each."""
+    from train import tasks
+
     data = config.data
     problems = []
     for name in ("train", "val", "skip_keys_file", *tasks.get(config.task).input_files):
