@@ -84,6 +84,16 @@ def test_tags_are_written_read_and_batched_as_multi_hot(image_h5):
     np.testing.assert_array_equal(batch["label"], expected)
 
 
+def test_outputs_are_the_datas_tags_and_model_num_classes_cannot_change_them():
+    from train.config import ModelConfig
+
+    tagging = tasks.get("tagging")
+    fake = type("D", (), {"source": type("S", (), {"class_names": list(IMAGENET_TAG_NAMES)})})
+    assert tagging.num_classes(ModelConfig(), fake) == len(IMAGENET_TAG_NAMES)
+    with pytest.raises(ValueError, match="model.num_classes: 10, but the tagging task"):
+        tagging.num_classes(ModelConfig(num_classes=10), fake)
+
+
 def test_multi_label_metric_counts_exact_sets_and_micro_f1():
     metric = MultiLabelMetric()
     truth = np.array([[1, 0, 1], [0, 1, 0]], np.float32)

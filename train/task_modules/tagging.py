@@ -31,6 +31,17 @@ def _open_tagged(data, path: str, *, train: bool, seed: int = 0, **policy):
     )
 
 
+def _num_tags(model, train_set) -> int:
+    """One output per tag of the data: the multi-hot labels have exactly that many."""
+    tags = len(train_set.source.class_names)
+    if model.num_classes is not None and model.num_classes != tags:
+        raise ValueError(
+            f"model.num_classes: {model.num_classes}, but the tagging task has one output per "
+            f"tag of the data ({tags}). HINT: remove model.num_classes"
+        )
+    return tags
+
+
 def _tag_names(config) -> list[str]:
     """The training data's tag names, by the column of each in its /tags."""
     dataset = _open_tagged(config.data, config.data.train, train=False)
@@ -86,8 +97,7 @@ TASK = Task(
     metric=MultiLabelMetric,
     data=ImageData,  # the classification task's data keys: image_size, eval_resize
     open_dataset=_open_tagged,
-    # One output per tag of the data: the multi-hot labels have exactly that many.
-    num_classes=lambda model, train_set: len(train_set.source.class_names),
+    num_classes=_num_tags,
     input_shape=lambda data: (3, data.image_size, data.image_size),
     sample_bytes=_sample_bytes,
     problems=image_problems,
