@@ -20,10 +20,8 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench import handover  # noqa: E402
-from bench.pipelines import BUILDERS, batch_nbytes, image_dtype  # noqa: E402
+from bench import handover
+from bench.pipelines import BUILDERS, batch_nbytes, image_dtype
 
 MB = 2**20
 

@@ -111,7 +111,7 @@ def _callgrind(arm: str, spec: dict, passes: int, workdir: Path) -> Path:
     command += [f"--callgrind-out-file={out}", sys.executable]
     command += ["-m", "bench.instructions", "--child", arm, "--spec", json.dumps(spec)]
     command += ["--passes", str(passes)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = open(workdir / f"{arm}.log", "w")  # noqa: SIM115  (the child's stderr, read on failure)
     child = subprocess.Popen(
         command,

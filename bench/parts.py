@@ -298,7 +298,7 @@ def uss_index(log) -> dict:
     out = {}
     for kind in ("numpy", "list"):
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "bench/uss_probe.py"), str(folder), kind],
+            [sys.executable, "-m", "bench.uss_probe", str(folder), kind],
             cwd=ROOT,
             capture_output=True,
             text=True,

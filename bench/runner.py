@@ -63,7 +63,7 @@ class Child:
         self.count = 0
 
     def _start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.setdefault("OMP_NUM_THREADS", "1")  # one process per core is the loader's job
         log = open(self.log_path, "a")  # noqa: SIM115  (owned by the child process)
         self.proc = subprocess.Popen(

@@ -1,7 +1,7 @@
 """Measure DataLoader workers' USS growth over an epoch with a 1M-entry sample index, for our
 numpy index and for a Python-list index (the pattern of pytorch issue 13246) as a control.
 
-  python bench/uss_probe.py IMAGE_FOLDER numpy|list
+  python -m bench.uss_probe IMAGE_FOLDER numpy|list
 Prints JSON: {"growth_mb": [per worker], "samples": n}.
 """
 
@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from datasets.bad_samples import BadSampleLog  # noqa: E402
-from datasets.dataset import ImageClassTransform, RecordDataset  # noqa: E402
-from datasets.image_folder import ImageFolderSource  # noqa: E402
+from datasets.bad_samples import BadSampleLog
+from datasets.dataset import ImageClassTransform, RecordDataset
+from datasets.image_folder import ImageFolderSource
 
 INDEX_SIZE = 1_000_000
 STRIDE = 97  # touch every page of the index, not just its start

@@ -1,7 +1,8 @@
-"""Shared start-up for the scripts: repository root on sys.path, logging, one-line errors.
+"""What the command-line scripts share: the repository root, logging, one-line errors.
 
-Scripts run as ``python scripts/NAME.py`` from anywhere; the project is never installed into
-site-packages (its ``datasets`` package would shadow Hugging Face's), so we add the root here.
+The scripts import the project by name (``train``, ``datasets``): they run as
+``python -m scripts.NAME`` from the repository root, or from anywhere once the project is
+installed (``pip install --no-deps -e .``, which make setup's venvs and the images do).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def run(main) -> None:

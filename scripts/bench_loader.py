@@ -2,11 +2,11 @@
 r"""Input-pipeline benchmark: ours against torchvision's recipe, a full-decode ceiling and
 PaddleOCR's LMDBDataSet; loader knobs, cold start, IPC bytes, data stall.
 
-  .venv-torch/bin/python scripts/bench_loader.py --preset quick \
+  .venv-torch/bin/python -m scripts.bench_loader --preset quick \
       --out bench/results/quick-torch.json
-  .venv-paddle/bin/python scripts/bench_loader.py --preset quick \
+  .venv-paddle/bin/python -m scripts.bench_loader --preset quick \
       --out bench/results/quick-paddle.json
-  .venv-torch/bin/python  scripts/bench_loader.py --merge bench/results/quick-torch.json \
+  .venv-torch/bin/python -m scripts.bench_loader --merge bench/results/quick-torch.json \
       bench/results/quick-paddle.json --out bench/results/quick.json
 
 Each venv runs the parts its framework can (torch: ResNet-50 pipelines and the torch loader;
@@ -30,7 +30,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import _bootstrap
+from scripts import _cli
 
 PRESETS = {
     "tiny": {  # schema check for tests/test_bench.py: seconds, not a measurement
@@ -211,4 +211,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _bootstrap.run(main)
+    _cli.run(main)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time to the first usable local path for an s3:// LMDB: cold cache vs warm cache.
 
-  python scripts/bench_remote.py --mb 50 --runs 3
+  python -m scripts.bench_remote --mb 50 --runs 3
 
 Starts moto's S3 server on 127.0.0.1 (bench/s3_server.py, a separate process), uploads one
 LMDB of about --mb MB, then alternates cold (empty cache dir) and warm (the cache the cold run
@@ -22,8 +22,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-
-import _bootstrap  # noqa: F401 - puts the repository root on sys.path
 
 
 def make_lmdb(path: Path, megabytes: int) -> int:
@@ -82,7 +80,7 @@ def main() -> int:
     finally:
         server.stop()
     result = {
-        "command": f"python scripts/bench_remote.py --mb {args.mb} --runs {args.runs}",
+        "command": f"python -m scripts.bench_remote --mb {args.mb} --runs {args.runs}",
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, py{platform.python_version()}",
         "server": "moto S3 on 127.0.0.1 (separate process)",
         "lmdb_bytes": size,

@@ -1,7 +1,7 @@
 """Resolve every scenario YAML in this environment and check each local path it names.
 
-    python scripts/check_scenarios.py                      # every file in configs/*/
-    python scripts/check_scenarios.py configs/ocr/smoke.yaml --set train.device=cpu
+    python -m scripts.check_scenarios                      # every file in configs/*/
+    python -m scripts.check_scenarios configs/ocr/smoke.yaml --set train.device=cpu
 
 For each scenario: the config validates (with the environment's ${NAME} roots substituted);
 dataset and dictionary paths exist and are readable (s3:// URLs are skipped: training stages
@@ -20,12 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from datasets.remote import is_remote  # noqa: E402
-from train.config import ConfigError, add_overrides_argument, load_config  # noqa: E402
-from train.paths import read_problem, write_problem  # noqa: E402
+from datasets.remote import is_remote
+from train.config import ConfigError, add_overrides_argument, load_config
+from train.paths import read_problem, write_problem
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 r"""Convert existing datasets into the project's formats (atomic; never overwrites silently).
 
-  python scripts/convert.py paddleocr-labels --labels train_list.txt --data-dir images/ \
+  python -m scripts.convert paddleocr-labels --labels train_list.txt --data-dir images/ \
       --out data/my_ocr/train
-  python scripts/convert.py image-folder --root imagenet/train --out data/imagenet/train.h5
-  python scripts/convert.py hdf5-upgrade --src old/train.h5 --out data/imagenet/train.h5
+  python -m scripts.convert image-folder --root imagenet/train --out data/imagenet/train.h5
+  python -m scripts.convert hdf5-upgrade --src old/train.h5 --out data/imagenet/train.h5
 
 Image bytes are copied as they are, never re-encoded.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-import _bootstrap
+from scripts import _cli
 
 
 def main() -> int:
@@ -69,4 +69,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _bootstrap.run(main)
+    _cli.run(main)

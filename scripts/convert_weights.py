@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 r"""Convert PaddleOCR's released PP-OCRv4 recognizer (ONNX) into this project's checkpoints.
 
-  python scripts/convert_weights.py                      # this interpreter's framework
-  .venv-torch/bin/python scripts/convert_weights.py --out-dir runs/weights    # .pt
-  .venv-paddle/bin/python scripts/convert_weights.py --out-dir runs/weights   # .pdparams
+  python -m scripts.convert_weights                      # this interpreter's framework
+  .venv-torch/bin/python -m scripts.convert_weights --out-dir runs/weights    # .pt
+  .venv-paddle/bin/python -m scripts.convert_weights --out-dir runs/weights   # .pdparams
 
 Without --onnx it converts ch_PP-OCRv4_rec_infer.onnx fetched by scripts/fetch_ppocrv4.py.
 Writes OUT/ppocrv4_rec.pt (a torch state dict: torch.load(..., weights_only=True)) or
@@ -21,8 +21,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-import _bootstrap
-
+from scripts import _cli
 from train.ppocrv4_weights import OUTPUT_CLASSES, read_onnx, write_dictionary
 
 SUFFIX = {"torch": ".pt", "paddle": ".pdparams"}
@@ -91,4 +90,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _bootstrap.run(main)
+    _cli.run(main)

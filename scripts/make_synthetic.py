@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 r"""Generate synthetic datasets that a model can learn from.
 
-  python scripts/make_synthetic.py ocr --out data/synth_ocr --num 6000 --seed 0
-  python scripts/make_synthetic.py imagenet --out data/synth_imagenet/train.h5 --num 2000 \
+  python -m scripts.make_synthetic ocr --out data/synth_ocr --num 6000 --seed 0
+  python -m scripts.make_synthetic imagenet --out data/synth_imagenet/train.h5 --num 2000 \
       --classes 10 --seed 0
 
 ocr writes OUT/train and OUT/val (OCR LMDBs in PaddleOCR's layout) and OUT/charset.txt (one
@@ -17,9 +17,8 @@ import argparse
 import os
 import time
 
-import _bootstrap
-
 from datasets.synthetic import DOMAINS
+from scripts import _cli
 
 
 def make_ocr(args: argparse.Namespace) -> int:
@@ -125,4 +124,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _bootstrap.run(main)
+    _cli.run(main)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Scan an OCR LMDB (or a tree of them) or a ResNet-50 HDF5 file; report bad records.
 
-  python scripts/validate_data.py data/synth_ocr/train --char-dict data/synth_ocr/charset.txt
-  python scripts/validate_data.py data/synth_imagenet/train.h5
+  python -m scripts.validate_data data/synth_ocr/train --char-dict data/synth_ocr/charset.txt
+  python -m scripts.validate_data data/synth_imagenet/train.h5
 
 Prints one line per bad record (key, kind, file, reason: the bad-keys file format, usable as
 data.skip_keys_file), then "N bad of M records in PATH". Exit 0 when clean, 1 when any record is
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-import _bootstrap
+from scripts import _cli
 
 
 def main() -> int:
@@ -46,4 +46,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _bootstrap.run(main)
+    _cli.run(main)

@@ -102,8 +102,8 @@ def ppocrv4_files() -> dict[str, Path]:
     import subprocess
     import sys
 
-    script = ROOT / "scripts" / "fetch_ppocrv4.py"
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    fetch = [sys.executable, "-m", "scripts.fetch_ppocrv4"]
+    done = subprocess.run(fetch, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     onnx_path, font = (Path(line) for line in done.stdout.split())
     return {"onnx": onnx_path, "font": font}

@@ -19,7 +19,8 @@ def _run_tiny(tmp_path: Path, framework: str) -> dict:
     proc = subprocess.run(
         [
             sys.executable,
-            "scripts/bench_loader.py",
+            "-m",
+            "scripts.bench_loader",
             "--preset",
             "tiny",
             "--framework",
@@ -104,7 +105,8 @@ def test_bench_tiny_paddle_and_merge(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            "scripts/bench_loader.py",
+            "-m",
+            "scripts.bench_loader",
             "--merge",
             str(tmp_path / "tiny-paddle.json"),
             "--out",

@@ -282,7 +282,7 @@ def test_check_scenarios_reports_an_unwritable_run_dir_and_missing_data(tmp_path
     config = write_config(tmp_path, tmp_path / "nowhere")
     runs = tmp_path / "runs"
     runs.mkdir()
-    script = [sys.executable, str(ROOT / "scripts" / "check_scenarios.py"), str(config)]
+    script = [sys.executable, "-m", "scripts.check_scenarios", str(config)]
     result = run(in_read_only_mount(script, runs))
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"data.train: {tmp_path / 'nowhere' / 'train'} does not exist" in result.stdout

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _run(folder: Path, kind: str) -> dict:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench/uss_probe.py"), str(folder), kind],
+        [sys.executable, "-m", "bench.uss_probe", str(folder), kind],
         cwd=ROOT,
         capture_output=True,
         text=True,

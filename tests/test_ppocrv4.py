@@ -104,8 +104,8 @@ def test_paddle_model_reproduces_onnx_runtime(reference):
 
 
 def _convert(*args: str) -> subprocess.CompletedProcess:
-    script = ROOT / "scripts" / "convert_weights.py"
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    convert = [sys.executable, "-m", "scripts.convert_weights", *args]
+    return subprocess.run(convert, cwd=ROOT, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "other_graph"])
@@ -212,9 +212,13 @@ def test_fine_tuning_configs_read_the_weights_where_the_converter_writes_them(
 
     monkeypatch.setenv("CACHE_ROOT", str(tmp_path))
     monkeypatch.delenv("PPOCRV4_CACHE", raising=False)
-    fetch = [sys.executable, "-c", "import fetch_ppocrv4; print(fetch_ppocrv4.cache_dir())"]
+    fetch = [
+        sys.executable,
+        "-c",
+        "from scripts import fetch_ppocrv4; print(fetch_ppocrv4.cache_dir())",
+    ]
     cache = subprocess.run(
-        fetch, cwd=ROOT / "scripts", capture_output=True, text=True, check=True
+        fetch, cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert cache == str(tmp_path / "ppocrv4")
     for framework, path in FINETUNE_CONFIGS.items():

@@ -13,21 +13,26 @@ from tests.corrupt import write_charset, write_corrupt_lmdb
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m scripts.NAME ARGS`` from the repository root, as the Makefile runs them."""
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", f"scripts.{script}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
-@pytest.mark.parametrize("script", ["make_synthetic.py", "convert.py", "validate_data.py"])
+@pytest.mark.parametrize("script", ["make_synthetic", "convert", "validate_data"])
 def test_help(script):
-    result = run(str(ROOT / "scripts" / script), "--help")
+    result = run(script, "--help")
     assert result.returncode == 0 and "usage:" in result.stdout
 
 
 def test_generate_then_validate_clean(tmp_path):
     result = run(
-        "scripts/make_synthetic.py",
+        "make_synthetic",
         "ocr",
         "--out",
         str(tmp_path / "ocr"),
@@ -42,7 +47,7 @@ def test_generate_then_validate_clean(tmp_path):
     assert (tmp_path / "ocr" / "train" / "data.mdb").is_file()
     assert (tmp_path / "ocr" / "val" / "data.mdb").is_file()
     check = run(
-        "scripts/validate_data.py",
+        "validate_data",
         str(tmp_path / "ocr"),
         "--char-dict",
         str(tmp_path / "ocr" / "charset.txt"),
@@ -50,7 +55,7 @@ def test_generate_then_validate_clean(tmp_path):
     )
     assert check.returncode == 0 and check.stdout.splitlines()[-1].startswith("0 bad of 60")
     h5 = run(
-        "scripts/make_synthetic.py",
+        "make_synthetic",
         "imagenet",
         "--out",
         str(tmp_path / "i.h5"),
@@ -62,7 +67,7 @@ def test_generate_then_validate_clean(tmp_path):
     )
     assert h5.returncode == 0 and "KB/image" in h5.stdout
     again = run(
-        "scripts/make_synthetic.py",
+        "make_synthetic",
         "imagenet",
         "--out",
         str(tmp_path / "i.h5"),
@@ -73,14 +78,14 @@ def test_generate_then_validate_clean(tmp_path):
     assert (
         again.returncode == 2 and "already exists" in again.stderr and "--overwrite" in again.stderr
     )
-    assert run("scripts/validate_data.py", str(tmp_path / "i.h5"), "--quiet").returncode == 0
+    assert run("validate_data", str(tmp_path / "i.h5"), "--quiet").returncode == 0
 
 
 def test_validate_reports_bad_keys_and_exits_nonzero(tmp_path):
     path, expected = write_corrupt_lmdb(tmp_path / "bad")
     charset = write_charset(tmp_path / "charset.txt")
     result = run(
-        "scripts/validate_data.py",
+        "validate_data",
         str(path),
         "--char-dict",
         str(charset),
@@ -97,7 +102,7 @@ def test_validate_reports_bad_keys_and_exits_nonzero(tmp_path):
 
 
 def test_validate_wrong_path_is_one_clear_line(tmp_path):
-    result = run("scripts/validate_data.py", str(tmp_path / "nope"))
+    result = run("validate_data", str(tmp_path / "nope"))
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: dataset path does not exist")
     assert "Traceback" not in result.stderr

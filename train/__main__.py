@@ -32,10 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script by paddle.distributed.launch
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from train import errors  # noqa: E402  (after the path fix above)
+# paddle.distributed.launch runs this file as a script (it has no module mode): `train` then
+# imports from the installed project (pip install --no-deps -e .), or from PYTHONPATH.
+from train import errors
 
 log = logging.getLogger("train")
 

@@ -23,15 +23,12 @@ import shutil
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 # The path probes are in train/paths.py; the GPU checks in train/doctor_gpu.py, on the facts
 # that train/gpu_probe.py gathers.
-from train import preflight, tasks  # noqa: E402
-from train.check import Check  # noqa: E402
-from train.doctor_gpu import check_gpu  # noqa: E402
-from train.paths import (  # noqa: E402
+from train import preflight, tasks
+from train.check import Check
+from train.doctor_gpu import check_gpu
+from train.paths import (
     RUN_AS_OWNER,
     WriteProbe,
     denial,

@@ -50,7 +50,7 @@ class Released:
 
 _FIX = (
     "pass the ch_PP-OCRv4_rec_infer.onnx of the rapidocr-onnxruntime 1.4.4 wheel "
-    "(python scripts/fetch_ppocrv4.py fetches and checks it)"
+    "(python -m scripts.fetch_ppocrv4 fetches and checks it)"
 )
 
 

@@ -21,7 +21,7 @@ after every check. Exit 0: every check ran (its status, ok or error, is in the J
 checks were skipped (the budget, --only, a missing compiler: each says why); 1: the script itself
 broke (the JSON then has script_error) or run found no setup; 2: bad command line.
 
-Modules (run as ``python scripts/gpu_check``, which __main__.py dispatches):
+Modules (run as ``python -m scripts.gpu_check``, which __main__.py dispatches):
   orchestrator side (standard library only)
     plan.py         the GPU and dry-run plans, check names and order, shared constants
     util.py         progress lines, --set items, log and JSON reading, the GPU-CHECK line

@@ -1,33 +1,31 @@
-"""Entry point: ``python scripts/gpu_check ARGS`` (what scripts/gpu_check.sh runs; from the
-repository root ``python -m scripts.gpu_check ARGS`` works too). A first argument starting with
-"_" is a helper command (helpers.py), run by the orchestrator in a framework's venv; anything
-else is the check itself (cli.py).
+"""Entry point: ``python -m scripts.gpu_check ARGS`` from the repository root (what
+scripts/gpu_check.sh runs). A first argument starting with "_" is a helper command (helpers.py),
+run by the orchestrator in a framework's venv; anything else is the check itself (cli.py).
+
+The orchestrator runs on the host's python3 before any venv exists, so the project is not
+installed there: running as a module from the repository root is what makes ``scripts`` (and,
+in the helpers, ``train`` and ``datasets``) importable.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
-from pathlib import Path
 
-
-def _package() -> str:
-    """This package's import name. Run as a folder, there is none yet: the scripts/ folder takes
-    this folder's place on sys.path (as when the check was scripts/gpu_check.py), so that it
-    imports as ``gpu_check`` and its module names (plan, setup, ...) shadow nothing."""
-    if __package__:
-        return __package__
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != here]
-    sys.path.insert(0, str(here.parent))
-    return here.name
+if not __package__:
+    sys.exit(
+        "scripts/gpu_check is a package: run `bash scripts/gpu_check.sh` or, from the "
+        "repository root, `python -m scripts.gpu_check`"
+    )
 
 
 def main() -> int:
-    package = _package()
     if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
-        return importlib.import_module(f"{package}.helpers").helper_main(sys.argv[1:])
-    return importlib.import_module(f"{package}.cli").main()
+        from .helpers import helper_main
+
+        return helper_main(sys.argv[1:])
+    from .cli import main as check_main
+
+    return check_main()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from .commands import (
     ring_args,
     smoke_args,
 )
-from .context import PACKAGE, Context, RunResult
+from .context import MODULE, Context, RunResult
 from .plan import DRY_PLAN, GPU_PLAN, LOADER_WORKERS, ROOT, Plan
 from .runs import (
     CPU_AMP_WARNING,
@@ -570,7 +570,8 @@ def check_dist(ctx: Context) -> dict:
         "127.0.0.1",
         "--master-port",
         str(_free_port()),
-        str(PACKAGE),
+        "-m",  # torchrun: the script is a module, run from the repository root
+        MODULE,
         "_ranks",
         "--stats",
         str(stats),

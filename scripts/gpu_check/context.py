@@ -18,7 +18,9 @@ from .plan import ROOT, Plan
 from .sampler import GpuSampler
 from .util import error_text, marked, read_json
 
-PACKAGE = Path(__file__).resolve().parent  # run as `python scripts/gpu_check _helper ...`
+# The helpers run as `python -m scripts.gpu_check _NAME ...` from the repository root (every
+# child starts there), which puts the root, and so `train` and `datasets`, on their sys.path.
+MODULE = __package__
 # The scenario files' container roots: a child gets none of them, its paths are explicit here.
 CONTAINER_ROOTS = ("OCR_DATA_DIR", "RESNET50_DATA_DIR", "RUNS_ROOT", "CACHE_ROOT")
 
@@ -159,7 +161,7 @@ class Context:
         stats_path = self.work / "stats" / f"{name}.json"
         stats_path.unlink(missing_ok=True)  # a child killed before it wrote leaves none
         extra = ["--stats", str(stats_path)] if stats else []
-        cmd = [python, str(PACKAGE), args[0], *extra, *args[1:]]
+        cmd = [python, "-m", MODULE, args[0], *extra, *args[1:]]
         result = self.spawn(
             name, cmd, {**self.env[framework], **(env or {})}, timeout_s, sample_gpu=sample_gpu
         )

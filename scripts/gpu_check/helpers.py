@@ -1,10 +1,11 @@
 """The helper commands, which the orchestrator runs as children in a framework's venv
-(``python scripts/gpu_check _NAME ...``): ``_probe`` (device_probe.py), ``_configs`` (command
-lines through the config loader), ``_data`` (synthetic datasets), ``_train`` (``python -m train``
-plus peak device memory and, for fp16, the loss scale), ``_synthetic`` (ResNet-50 steps on random
-device tensors), ``_toolchain`` (what torch.compile needs) and ``_ranks`` (one rank of the
-two-rank gloo run, under torchrun). Each answers in a stats file or one ``GPU-CHECK`` line.
-Framework and project imports happen inside them, in the venv.
+(``python -m scripts.gpu_check _NAME ...``, from the repository root): ``_probe``
+(device_probe.py), ``_configs`` (command lines through the config loader), ``_data`` (synthetic
+datasets), ``_train`` (``python -m train`` plus peak device memory and, for fp16, the loss
+scale), ``_synthetic`` (ResNet-50 steps on random device tensors), ``_toolchain`` (what
+torch.compile needs) and ``_ranks`` (one rank of the two-rank gloo run, under torchrun). Each
+answers in a stats file or one ``GPU-CHECK`` line. Framework and project imports happen inside
+them, in the venv.
 """
 
 from __future__ import annotations
@@ -19,14 +20,8 @@ import traceback
 from pathlib import Path
 
 from .device_probe import helper_probe
-from .plan import FRAMEWORKS, ROOT
+from .plan import FRAMEWORKS
 from .util import emit, short_error
-
-
-def _project_path() -> None:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    os.chdir(ROOT)
 
 
 def helper_configs(args: argparse.Namespace) -> int:
@@ -151,7 +146,6 @@ def helper_train(args: argparse.Namespace) -> int:
     into the stats file."""
     import runpy
 
-    _project_path()
     stats: dict = {}
     code: int | str | None = 0
     scales = _record_loss_scale(args.train_args) if os.environ.get("GPU_CHECK_LOSS_SCALE") else None
@@ -337,7 +331,6 @@ def _build(backend, config, num_classes: int, total_steps: int) -> None:
 def helper_synthetic(args: argparse.Namespace) -> int:
     """The torch backend's own build() and train_step() on random device tensors (NCHW,
     channels-last on CUDA, as its device_batches hands them over): the images/s with no loader."""
-    _project_path()
     import torch
 
     from train.config import load_config
@@ -424,8 +417,6 @@ def helper_main(argv: list[str]) -> int:
     args = helper_parser().parse_args(argv)
     if args.command == "_train" and args.train_args[:1] == ["--"]:
         args.train_args = args.train_args[1:]
-    if args.command in ("_data", "_configs"):
-        _project_path()
     handlers = {
         "_configs": helper_configs,
         "_probe": helper_probe,
