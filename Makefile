@@ -20,10 +20,11 @@ IMAGENET_DATA := data/synth_imagenet
 
 setup: .venv-paddle/.installed .venv-torch/.installed
 
-# Two stamps a venv: .runtime (what the images install: the framework, common.txt, remote.txt),
-# which the training and data targets need, and .installed (requirements/dev.txt on top: linters,
-# the S3 test server, Compose, schema checkers), which the tests need. A stamp is rebuilt only
-# when its requirement files change (it is older than them).
+# Three stamps a venv: .runtime (what the images install: the framework, common.txt, remote.txt),
+# .project (this project, installed editable, as in the images), which the training and data
+# targets need, and .installed (requirements/dev.txt on top: linters, the S3 test server,
+# Compose, schema checkers), which the tests need. A stamp is rebuilt only when its files change
+# (it is older than them).
 .venv-paddle/.runtime: requirements/paddle.txt $(RUNTIME_REQS)
 	$(PADDLE_PYTHON) -m venv .venv-paddle
 	$(PADDLE) -m pip install $(PIP_FLAGS) -q --upgrade pip
@@ -36,28 +37,36 @@ setup: .venv-paddle/.installed .venv-torch/.installed
 	$(TORCH) -m pip install $(PIP_FLAGS) -r requirements/torch.txt -r requirements/remote.txt -c requirements/constraints.txt
 	touch $@
 
-.venv-%/.installed: .venv-%/.runtime requirements/dev.txt
+# The project itself, editable and without dependencies (the requirement files above are its
+# dependencies): `train`, `datasets`, `bench` and `scripts` then import from this checkout in any
+# directory, and from a file run by path (Paddle's launcher runs train/__main__.py). Rebuilt when
+# pyproject.toml changes; cheap (setuptools builds a finder, no files are copied).
+.venv-%/.project: .venv-%/.runtime pyproject.toml
+	.venv-$*/bin/python -m pip install $(PIP_FLAGS) -q --no-deps -e .
+	touch $@
+
+.venv-%/.installed: .venv-%/.project requirements/dev.txt
 	.venv-$*/bin/python -m pip install $(PIP_FLAGS) -r requirements/dev.txt -c requirements/constraints.txt
 	touch $@
 
-$(OCR_DATA)/charset.txt: | .venv-paddle/.runtime
+$(OCR_DATA)/charset.txt: | .venv-paddle/.project
 	# Digit lines of 3-6 characters: a tiny CRNN reads them after ~200 CPU steps (the smoke
 	# job's point is to show learning in minutes; --charset latin|full makes harder data).
-	$(PADDLE) scripts/make_synthetic.py ocr --out $(OCR_DATA) --num 4000 --charset digits --max-len 6 --seed 0 --overwrite
+	$(PADDLE) -m scripts.make_synthetic ocr --out $(OCR_DATA) --num 4000 --charset digits --max-len 6 --seed 0 --overwrite
 
-$(IMAGENET_DATA)/train.h5: | .venv-torch/.runtime
-	$(TORCH) scripts/make_synthetic.py imagenet --out $@ --num 2000 --classes 10 --seed 0 --overwrite
+$(IMAGENET_DATA)/train.h5: | .venv-torch/.project
+	$(TORCH) -m scripts.make_synthetic imagenet --out $@ --num 2000 --classes 10 --seed 0 --overwrite
 
-$(IMAGENET_DATA)/val.h5: | .venv-torch/.runtime
-	$(TORCH) scripts/make_synthetic.py imagenet --out $@ --num 400 --classes 10 --seed 1 --overwrite
+$(IMAGENET_DATA)/val.h5: | .venv-torch/.project
+	$(TORCH) -m scripts.make_synthetic imagenet --out $@ --num 400 --classes 10 --seed 1 --overwrite
 
 data: $(OCR_DATA)/charset.txt $(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5
 
 # The main job: OCR smoke training on PaddlePaddle, CPU.
-train-ocr: .venv-paddle/.runtime $(OCR_DATA)/charset.txt
+train-ocr: .venv-paddle/.project $(OCR_DATA)/charset.txt
 	$(PADDLE) -m train --config configs/ocr/smoke.yaml $(ARGS)
 
-train-resnet50: .venv-torch/.runtime $(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5
+train-resnet50: .venv-torch/.project $(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5
 	$(TORCH) -m train --config configs/resnet50/smoke.yaml $(ARGS)
 
 # Fine-tune PaddleOCR's released PP-OCRv4 recognizer on dot-matrix lines (docs/ppocrv4.md):
@@ -73,36 +82,36 @@ FINETUNE_CONFIG := configs/ocr/finetune_ppocrv4$(if $(filter torch,$(FINETUNE_FR
 FINETUNE_WEIGHTS := .cache/ppocrv4/ppocrv4_rec$(if $(filter torch,$(FINETUNE_FRAMEWORK)),.pt,.pdparams)
 FINETUNE_RUN := runs/ocr-$(FINETUNE_FRAMEWORK)-finetune_ppocrv4$(if $(filter torch,$(FINETUNE_FRAMEWORK)),_torch)
 
-$(PPOCRV4_FONT): | .venv-paddle/.runtime
-	$(PADDLE) scripts/fetch_ppocrv4.py
+$(PPOCRV4_FONT): | .venv-paddle/.project
+	$(PADDLE) -m scripts.fetch_ppocrv4
 
 $(PPOCRV4_DOTS)/charset.txt: | $(PPOCRV4_FONT)
-	$(PADDLE) scripts/make_synthetic.py ocr --out $(PPOCRV4_DOTS) --num 1200 --val-fraction 0.1667 --charset full --font $(PPOCRV4_FONT) --domain dot_matrix --seed 0 --overwrite --quiet
+	$(PADDLE) -m scripts.make_synthetic ocr --out $(PPOCRV4_DOTS) --num 1200 --val-fraction 0.1667 --charset full --font $(PPOCRV4_FONT) --domain dot_matrix --seed 0 --overwrite --quiet
 
 $(PPOCRV4_CLEAN)/charset.txt: | $(PPOCRV4_FONT)
-	$(PADDLE) scripts/make_synthetic.py ocr --out $(PPOCRV4_CLEAN) --num 400 --val-fraction 0.5 --charset full --font $(PPOCRV4_FONT) --seed 7 --overwrite --quiet
+	$(PADDLE) -m scripts.make_synthetic ocr --out $(PPOCRV4_CLEAN) --num 400 --val-fraction 0.5 --charset full --font $(PPOCRV4_FONT) --seed 7 --overwrite --quiet
 
-finetune-ocr: .venv-$(FINETUNE_FRAMEWORK)/.runtime $(PPOCRV4_DOTS)/charset.txt $(PPOCRV4_CLEAN)/charset.txt
-	$(FINETUNE_PY) scripts/convert_weights.py --quiet --dict-out $(PPOCRV4_DOTS)/ppocr_keys.txt
+finetune-ocr: .venv-$(FINETUNE_FRAMEWORK)/.project $(PPOCRV4_DOTS)/charset.txt $(PPOCRV4_CLEAN)/charset.txt
+	$(FINETUNE_PY) -m scripts.convert_weights --quiet --dict-out $(PPOCRV4_DOTS)/ppocr_keys.txt
 	@echo "zero-shot (released weights):"
 	$(FINETUNE_PY) -m train.evaluate --config $(FINETUNE_CONFIG) --weights $(FINETUNE_WEIGHTS) --data $(PPOCRV4_DOTS)/val --data $(PPOCRV4_CLEAN)/val
 	$(FINETUNE_PY) -m train --config $(FINETUNE_CONFIG) $(ARGS)
 	@echo "fine-tuned (the run's last checkpoint):"
 	$(FINETUNE_PY) -m train.evaluate --checkpoint $$(ls -d $(FINETUNE_RUN)/checkpoints/step-* | tail -1) --data $(PPOCRV4_DOTS)/val --data $(PPOCRV4_CLEAN)/val
 
-doctor: .venv-paddle/.runtime
+doctor: .venv-paddle/.project
 	$(PADDLE) -m train.doctor --config $(or $(CONFIG),configs/ocr/smoke.yaml)
 
 # Input-pipeline benchmark: each framework's part in its own env, merged into one report.
 bench-quick: .venv-torch/.installed .venv-paddle/.installed
-	$(TORCH) scripts/bench_loader.py --preset quick --out bench/results/quick-torch.json
-	$(PADDLE) scripts/bench_loader.py --preset quick --out bench/results/quick-paddle.json
-	$(TORCH) scripts/bench_loader.py --merge bench/results/quick-torch.json bench/results/quick-paddle.json --out bench/results/quick.json
+	$(TORCH) -m scripts.bench_loader --preset quick --out bench/results/quick-torch.json
+	$(PADDLE) -m scripts.bench_loader --preset quick --out bench/results/quick-paddle.json
+	$(TORCH) -m scripts.bench_loader --merge bench/results/quick-torch.json bench/results/quick-paddle.json --out bench/results/quick.json
 
 bench: .venv-torch/.installed .venv-paddle/.installed
-	$(TORCH) scripts/bench_loader.py --preset full --out bench/results/full-torch.json
-	$(PADDLE) scripts/bench_loader.py --preset full --out bench/results/full-paddle.json
-	$(TORCH) scripts/bench_loader.py --merge bench/results/full-torch.json bench/results/full-paddle.json --out bench/results/full.json
+	$(TORCH) -m scripts.bench_loader --preset full --out bench/results/full-torch.json
+	$(PADDLE) -m scripts.bench_loader --preset full --out bench/results/full-paddle.json
+	$(TORCH) -m scripts.bench_loader --merge bench/results/full-torch.json bench/results/full-paddle.json --out bench/results/full.json
 
 lint: .venv-torch/.installed
 	.venv-torch/bin/ruff check .

@@ -48,7 +48,7 @@ case "${1:-}" in
             say "synthetic OCR data already in the volume"
         else
             # --charset full: Latin + common Chinese characters (the image has a CJK font).
-            as_train_user python scripts/make_synthetic.py ocr --out /data/ocr \
+            as_train_user python -m scripts.make_synthetic ocr --out /data/ocr \
                 --num "${SYNTH_OCR_NUM:-6000}" --seed 0 --charset "${SYNTH_OCR_CHARSET:-full}" \
                 --max-len "${SYNTH_OCR_MAX_LEN:-10}" --quiet --overwrite
             say "wrote $(du -sh /data/ocr | cut -f1) of synthetic OCR data as uid $TRAIN_USER_UID"
@@ -60,10 +60,10 @@ case "${1:-}" in
         elif [[ -f /data/resnet50/val.h5 ]]; then
             say "synthetic ImageNet data already in the volume"
         else
-            as_train_user python scripts/make_synthetic.py imagenet --out /data/resnet50/train.h5 \
+            as_train_user python -m scripts.make_synthetic imagenet --out /data/resnet50/train.h5 \
                 --num "${SYNTH_IMAGENET_NUM:-2000}" --classes 10 --seed 0 --quiet --overwrite
             # val last: its presence marks a complete volume (writers are atomic)
-            as_train_user python scripts/make_synthetic.py imagenet --out /data/resnet50/val.h5 \
+            as_train_user python -m scripts.make_synthetic imagenet --out /data/resnet50/val.h5 \
                 --num 400 --classes 10 --seed 1 --quiet --overwrite
             say "wrote $(du -sh /data/resnet50 | cut -f1) of synthetic ImageNet data as uid" \
                 "$TRAIN_USER_UID"

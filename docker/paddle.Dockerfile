@@ -73,14 +73,21 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && python -c "import sys, paddle, paddleocr; print('python', sys.version.split()[0], 'paddle', paddle.__version__)" \
     && rm -rf /tmp/requirements /tmp/framework.*
 
-# The project runs from /workspace (repository root on sys.path), never pip-installed: its
-# top-level `datasets` package would shadow Hugging Face's `datasets` in site-packages.
+# The project's home: commands run from /workspace (the scenario files' relative paths).
 WORKDIR /workspace
 COPY docker/entrypoint.sh /usr/local/bin/train-entrypoint
 COPY . /workspace/
-# The source stays root-owned (read-only to the user); the benchmark's dataset and result folders
-# are the writable exceptions (volumes in compose.yaml's bench service).
-RUN mkdir -p /workspace/bench/data /workspace/bench/results \
+# The project is installed editable, without dependencies (the requirements above are its
+# dependencies): `train`, `datasets`, `bench` and `scripts` import from /workspace in any directory
+# and from a file run by path (Paddle's launcher runs train/__main__.py). Editable only, never a
+# regular install: its `datasets` package would land in site-packages, in the folder of Hugging
+# Face's library of that name (datasets/__init__.py). The dev stage's bind mount of the checkout
+# over /workspace is what the install then points to. The source stays root-owned (read-only to
+# the user); the benchmark's dataset and result folders are the writable exceptions (volumes in
+# compose.yaml's bench service).
+RUN --mount=type=cache,target=/root/.cache/pip \
+    python -m pip install --progress-bar off --no-deps -e /workspace \
+    && mkdir -p /workspace/bench/data /workspace/bench/results \
     && chown trainer:trainer /workspace/bench/data /workspace/bench/results
 
 # Numeric, so that Kubernetes' runAsNonRoot can verify it. HOME: see the user above.

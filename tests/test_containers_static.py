@@ -293,9 +293,14 @@ def test_dockerfile_shape(task, base, requirements, framework):
     ]
     assert any(line.startswith(framework) for line in framework_lines), framework_lines
     assert "diff /tmp/framework.before /tmp/framework.after" in text
-    # run from /workspace, never installed (the `datasets` name hazard)
+    # run from /workspace, where the project is installed editable after the source is copied,
+    # and never as a regular install (the `datasets` name hazard: datasets/__init__.py)
     assert ("WORKDIR", "/workspace") in runtime
-    assert not re.search(r"pip install[^\n]*(\s-e\s|\s\.\s|\s\.$)", text, re.M)
+    project_installs = re.findall(r"pip install[^\n]*\s(?:-e\s+)?(?:\.|/workspace)/?(?:\s|$)", text)
+    assert project_installs == [
+        "pip install --progress-bar off --no-deps -e /workspace "
+    ], project_installs
+    assert runtime_text.index("COPY . ") < runtime_text.index("--no-deps -e /workspace")
     assert "fonts-wqy-microhei" in text or "fonts-noto-cjk" in text
     for name in ("runtime", "dev"):  # both images end as a non-root user
         users = [rest for keyword, rest in stage(dockerfile, name) if keyword == "USER"]
@@ -844,8 +849,11 @@ def test_k8s_pods(manifests):
 
 
 def repo_path(word: str) -> str | None:
-    """`word` as a path in the repository if it names one of its folders, else None."""
+    """`word` as a path in the repository if it names one of its folders (or, as in
+    `python -m scripts.NAME`, a script module), else None."""
     word = word.removeprefix("/workspace/")  # the checkout's place in the images
+    if re.fullmatch(r"scripts\.\w+", word):
+        return word.replace(".", "/") + ".py"
     return word if re.match(r"(configs|scripts|docker|train|tests)/", word) else None
 
 
