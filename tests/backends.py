@@ -4,6 +4,7 @@ own module)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def first_batches(backend, config: Config, count: int) -> tuple[list, int]:
     """The first ``count`` device batches of epoch 0 (loaded in the main process), cycled when
     the dataset has fewer."""
     dataset, num_classes = open_dataset(config)
-    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, 0, True)
+    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
     batches = list(itertools.islice(backend.device_batches(loader), count))
     return [batches[i % len(batches)] for i in range(count)], num_classes
 
@@ -69,7 +70,8 @@ def host_batches(backend, dataset, config: Config, workers: int, epochs: int) ->
     """The training loader's batches over ``epochs`` epochs with ``workers`` workers, as numpy
     arrays on the host."""
     sampler = EpochSampler(len(dataset), seed=config.seed)
-    loader = backend.make_loader(dataset, sampler, config.loader, workers, True)
+    with_workers = dataclasses.replace(config.loader, num_workers=workers)
+    loader = backend.make_loader(dataset, sampler, with_workers, True)
     batches = []
     for epoch in range(epochs):
         sampler.set_epoch(epoch)

@@ -78,7 +78,7 @@ def test_device_batches_normalize_on_the_device_and_keep_labels(framework, task,
     config = make_config(framework, task, data_of[task])
     backend = start(config)
     dataset, _ = open_dataset(config)
-    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, 0, True)
+    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
     host = {key: backend.to_numpy(value) for key, value in next(iter(loader)).items()}
     batch = next(iter(backend.device_batches(loader)))  # same sampler epoch: the same batch
 
@@ -209,8 +209,8 @@ def test_evaluation_loader_uses_eval_batch_size_and_keeps_the_last_batch(framewo
     backend = start(config)
     dataset, _ = open_dataset(config)
     sampler = EpochSampler(len(dataset), shuffle=False)
-    train = backend.make_loader(dataset, sampler, config.loader, 0, train=True)
-    evaluation = backend.make_loader(dataset, sampler, config.loader, 0, train=False)
+    train = backend.make_loader(dataset, sampler, config.loader, train=True)
+    evaluation = backend.make_loader(dataset, sampler, config.loader, train=False)
     assert [len(batch["image"]) for batch in train] == [40, 40]  # 96 // 40: drop_last
     assert [len(batch["image"]) for batch in evaluation] == [20, 20, 20, 20, 16]  # every sample
 

@@ -143,7 +143,7 @@ def test_persistent_workers_start_each_epoch_without_paddles_half_second_poll(oc
     backend = start(config)
     dataset, _ = open_dataset(config)
     sampler = EpochSampler(len(dataset), seed=3)
-    loader = backend.make_loader(dataset, sampler, config.loader, 1, train=True)
+    loader = backend.make_loader(dataset, sampler, config.loader, train=True)
     waits = []
     for epoch in range(4):
         sampler.set_epoch(epoch)
@@ -170,7 +170,7 @@ class SlowDataset:
 def test_a_stuck_worker_raises_timeout_instead_of_hanging(ocr_lmdb):
     config = ocr_config(ocr_lmdb, loader={"batch_size": 2, "num_workers": 1, "timeout_s": 2})
     sampler = EpochSampler(8, shuffle=False)
-    loader = start(config).make_loader(SlowDataset(), sampler, config.loader, 1, train=True)
+    loader = start(config).make_loader(SlowDataset(), sampler, config.loader, train=True)
     began = time.perf_counter()
     with pytest.raises(TimeoutError, match="loader.timeout_s"):
         for _ in loader:

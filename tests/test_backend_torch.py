@@ -10,6 +10,7 @@ The CUDA paths (side-stream prefetch, AMP, NCCL) need a GPU and are not run here
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -123,7 +124,7 @@ def test_loader_honours_every_knob(ocr_lmdb):
     backend.set_cpu_threads(2)
     # Main-process threads leave one core per worker (at least one thread).
     assert torch.get_num_threads() == max(1, usable_cores() - 2)
-    train = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, 2, True)
+    train = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
     # Workers hand batches over through the ring (loader.batch_ring): its slots are the
     # batches in flight, prefetch_factor per worker and 2 held by the trainer.
     assert isinstance(train, RingLoader) and train.ring.slots == 3 * 2 + 2
@@ -137,7 +138,8 @@ def test_loader_honours_every_knob(ocr_lmdb):
     assert len(train) == 96 // 16
 
     sampler = EpochSampler(len(dataset), shuffle=False)
-    evaluation = backend.make_loader(dataset, sampler, config.loader, 0, False)
+    no_workers = dataclasses.replace(config.loader, num_workers=0)
+    evaluation = backend.make_loader(dataset, sampler, no_workers, False)
     # At 0 workers the batching is a whole-batch sampler's (datasets.sampler.WholeBatches)
     batches = evaluation.batch_sampler.batches
     assert (batches.batch_size, batches.drop_last) == (40, False)

@@ -22,7 +22,7 @@ from train.config import (
     load_config,
     save_resolved,
 )
-from train.cpus import resolve_num_workers
+from train.cpus import resolve_loader, resolve_num_workers
 from train.tasks import TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -501,6 +501,17 @@ def test_resolve_num_workers_passes_numbers_through_and_reads_this_machine():
     assert resolve_num_workers(12)[0] == 12
     count, reason = resolve_num_workers("auto")
     assert 1 <= count <= 8 and reason.startswith("auto: min(8, 0.75 x ")
+
+
+def test_resolve_loader_puts_the_count_into_the_config_the_loaders_read():
+    config = load_config(REPO_ROOT / "configs/ocr/base.yaml")
+    assert config.loader.num_workers == "auto"
+    resolved, reason = resolve_loader(config, local_world_size=2, cpu_count=16)
+    assert (
+        resolved.loader.num_workers == 6 and reason == "auto: min(8, 0.75 x 16 cores / 2 ranks) = 6"
+    )
+    assert resolved.loader == dataclasses.replace(config.loader, num_workers=6)  # nothing else
+    assert resolved.data == config.data and config.loader.num_workers == "auto"  # a copy
 
 
 # ---------------------------------------------------------------- each task's own data section

@@ -377,7 +377,7 @@ def test_torch_device_prefetch_knob_picks_the_cuda_path(prefetch, ocr_lmdb, monk
     config = make_config("torch", "ocr", ocr_lmdb, loader={"device_prefetch": prefetch})
     backend = start(config)
     dataset, _ = open_dataset(config)
-    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, 0, True)
+    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
     used = []
     monkeypatch.setattr(backend, "_cuda_prefetch", lambda loader: used.append("side stream") or [])
     monkeypatch.setattr(backend, "_to_device", lambda batch: used.append("copy") or batch)

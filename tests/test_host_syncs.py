@@ -204,7 +204,7 @@ def test_the_loop_reads_the_device_once_per_logging_window(
     run_dir.mkdir()
     data = build_run_data(config, run_dir)
     try:
-        summary = loop.train(config, backend, backend.dist, data, run_dir, False, 0)
+        summary = loop.train(config, backend, backend.dist, data, run_dir, False)
     finally:
         data.close()
     assert summary["steps"] == 12 and np.isfinite(summary["final_loss"])

@@ -86,7 +86,7 @@ if {slow_s}:  # slow storage: the loop below waits for batches, as a starved tra
     _transform = dataset.transform
     dataset.transform = lambda *args: (time.sleep({slow_s}), _transform(*args))[1]
 sampler = EpochSampler(len(dataset), shuffle=False)
-loader = backend.make_loader(dataset, sampler, config.loader, num_workers=2, train=True)
+loader = backend.make_loader(dataset, sampler, config.loader, train=True)
 """
 START_EPOCH_CELL = """
 it = iter(loader)

@@ -376,7 +376,7 @@ def test_evaluating_the_released_weights_reads_what_paddleocr_reads(ppocrv4_file
             return classes
 
     try:
-        ours = evaluate(config, Reading(), dataset, workers=0)
+        ours = evaluate(config, Reading(), dataset)
     finally:
         dataset.close()
         backend.shutdown()

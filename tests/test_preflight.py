@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -22,22 +23,28 @@ def config(name="configs/resnet50/single_gpu.yaml", *sets):
     return load_config(ROOT / name, list(sets))
 
 
+def with_workers(cfg, workers: int):
+    """``cfg`` with loader.num_workers resolved to ``workers``, as train.cpus.resolve_loader
+    leaves it."""
+    return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, num_workers=workers))
+
+
 def test_need_counts_batches_in_flight_loaders_ranks_and_cache():
     cfg = config()  # batch 256 x 224x224x3 uint8, prefetch 4, persistent, with val
-    plan = preflight.plan(cfg, workers=8, local_ranks=2)
+    plan = preflight.plan(with_workers(cfg, 8), local_ranks=2)
     assert plan.batch_bytes == 256 * (3 * 224 * 224 + 8)
     assert plan.batches_in_flight == 4 * 8 + 2 and plan.loaders == 2
     assert plan.need_bytes == int(plan.batch_bytes * 34 * 2 * 2 * cfg.shm.headroom)
     cached = config("configs/resnet50/small_dataset.yaml")
-    assert preflight.plan(cached, 2, 1).cache_bytes == cached.data.cache_max_bytes
+    assert preflight.plan(with_workers(cached, 2), 1).cache_bytes == cached.data.cache_max_bytes
     # uint8 through IPC: a quarter of the float32 bytes of the same batch.
     assert plan.batch_bytes / 256 < 0.26 * 4 * 3 * 224 * 224
-    assert preflight.plan(cfg, workers=0, local_ranks=1).need_bytes == 0
+    assert preflight.plan(with_workers(cfg, 0), local_ranks=1).need_bytes == 0
 
 
 def test_fail_policy_names_shm_and_the_fix():
     with pytest.raises(preflight.ShmTooSmallError) as info:
-        preflight.apply_policy(config(), 8, 1, free=64 * MB)
+        preflight.apply_policy(with_workers(config(), 8), 1, free=64 * MB)
     message = str(info.value)
     assert "/dev/shm too small" in message and "shm_size: 8g" in message
     assert "ipc: host" in message and "shm.policy: adapt" in message
@@ -46,18 +53,19 @@ def test_fail_policy_names_shm_and_the_fix():
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_adapt_policy_fits_by_lowering_prefetch_then_workers(framework):
     cfg = config("configs/resnet50/single_gpu.yaml", "shm.policy=adapt", f"framework={framework}")
+    cfg = with_workers(cfg, 8)
     free = 600 * MB
-    adapted, workers = preflight.apply_policy(cfg, 8, 1, free=free)
+    adapted = preflight.apply_policy(cfg, 1, free=free)
     assert adapted.loader.prefetch_factor == 1
-    assert 0 < workers < 8
-    assert preflight.plan(adapted, workers, 1).need_bytes <= free
+    assert 0 < adapted.loader.num_workers < 8
+    assert preflight.plan(adapted, 1).need_bytes <= free
     # With almost no shm: torch falls back to no workers, Paddle to pipes with all workers.
-    tiny, n = preflight.apply_policy(cfg, 8, 1, free=1 * MB)
+    tiny = preflight.apply_policy(cfg, 1, free=1 * MB)
     if framework == "torch":
-        assert n == 0
+        assert tiny.loader.num_workers == 0 and tiny.loader.prefetch_factor is None
     else:
-        assert n == 8 and tiny.loader.use_shared_memory is False
-    assert preflight.plan(tiny, n, 1).need_bytes <= 1 * MB
+        assert tiny.loader.num_workers == 8 and tiny.loader.use_shared_memory is False
+    assert preflight.plan(tiny, 1).need_bytes <= 1 * MB
 
 
 def _doctor(shm_mb: int | None, tmp_path) -> subprocess.CompletedProcess:

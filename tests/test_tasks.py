@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import typing
 
@@ -131,13 +132,22 @@ def test_stack_samples_and_top_k_padding():
 
 
 def test_loader_knobs_follow_the_batching_rule():
-    loader = LoaderConfig(batch_size=32, eval_batch_size=100, drop_last=True, prefetch_factor=3)
-    train = LoaderKnobs.of(loader, num_workers=4, train=True)
+    loader = LoaderConfig(
+        batch_size=32, eval_batch_size=100, drop_last=True, prefetch_factor=3, num_workers=4
+    )
+    train = LoaderKnobs.of(loader, train=True)
     assert (train.batch_size, train.drop_last) == (32, True)
-    evaluation = LoaderKnobs.of(loader, num_workers=4, train=False)
+    evaluation = LoaderKnobs.of(loader, train=False)
     assert (evaluation.batch_size, evaluation.drop_last) == (100, False)
     assert train == LoaderKnobs(32, True, 4, 3, False, None, 120.0)
-    assert LoaderKnobs.of(loader, num_workers=0, train=True).num_workers == 0
+    no_workers = dataclasses.replace(loader, num_workers=0, prefetch_factor=None)
+    assert LoaderKnobs.of(no_workers, train=True).num_workers == 0
+
+
+def test_loader_knobs_take_a_resolved_worker_count():
+    unresolved = LoaderConfig()  # num_workers: auto
+    with pytest.raises(ValueError, match="train.cpus.resolve_loader"):
+        LoaderKnobs.of(unresolved, train=True)
 
 
 def test_amp_dtype_and_the_cpu_warning(caplog):

@@ -289,7 +289,7 @@ def run(args, held: Held) -> int:
     from train import loop, preflight, report
     from train.backends import launcher_rank, make_backend
     from train.config import load_config, save_resolved
-    from train.cpus import resolve_num_workers
+    from train.cpus import resolve_loader
     from train.data import build_run_data, stage_remote
     from train.run_lock import RunLock
 
@@ -322,16 +322,14 @@ def run(args, held: Held) -> int:
         dist.world_size,
     )
     backend.seed_everything(config.seed, config.deterministic)
-    workers, reason = resolve_num_workers(
-        config.loader.num_workers, local_world_size=dist.local_world_size
-    )
-    log.info("num_workers=%d (%s)", workers, reason)
+    config, reason = resolve_loader(config, local_world_size=dist.local_world_size)
+    log.info("num_workers=%d (%s)", config.loader.num_workers, reason)
     if dist.local_rank == 0:  # one sweep per node, before any worker of this run exists
         preflight.remove_stale_batches()
         preflight.remove_stale_state_files()
-    config, workers = preflight.apply_policy(config, workers, dist.local_world_size)
+    config = preflight.apply_policy(config, dist.local_world_size)
     held.data = build_run_data(config, run_dir, local_data)
-    summary = loop.train(config, backend, dist, held.data, run_dir, resume, workers)
+    summary = loop.train(config, backend, dist, held.data, run_dir, resume)
     if dist.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plots = report.write_plots(run_dir)

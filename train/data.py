@@ -77,21 +77,22 @@ def build_run_data(config, run_dir: Path, local_data=None) -> RunData:
     return RunData(built["train"], built.get("val"), num_classes)
 
 
-def make_loaders(config, backend, dist, data: RunData, workers: int):
+def make_loaders(config, backend, dist, data: RunData):
     """This rank's share of each epoch, in batches of uint8 arrays: the training sampler and
-    loader, and the validation ones (None without validation data)."""
+    loader, and the validation ones (None without validation data). ``config.loader`` has its
+    worker count resolved (train.cpus.resolve_loader)."""
     loader_cfg = config.loader
     sampler = EpochSampler(
         len(data.train), shuffle=True, seed=config.seed, rank=dist.rank, world_size=dist.world_size
     )
-    backend.set_cpu_threads(workers)
-    loader = backend.make_loader(data.train, sampler, loader_cfg, workers, train=True)
+    backend.set_cpu_threads(loader_cfg.num_workers)
+    loader = backend.make_loader(data.train, sampler, loader_cfg, train=True)
     val_sampler = val_loader = None
     if data.val is not None:
         val_sampler = EpochSampler(
             len(data.val), shuffle=False, rank=dist.rank, world_size=dist.world_size
         )
-        val_loader = backend.make_loader(data.val, val_sampler, loader_cfg, workers, train=False)
+        val_loader = backend.make_loader(data.val, val_sampler, loader_cfg, train=False)
     if len(sampler) // loader_cfg.batch_size < 1:
         raise DatasetError(
             f"loader.batch_size {loader_cfg.batch_size} is larger than this rank's "

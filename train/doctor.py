@@ -42,8 +42,8 @@ from train.paths import (
 )
 
 
-def check_shm(config, workers: int, ranks: int, sample) -> Check:
-    plan = preflight.plan(config, workers, ranks, sample)
+def check_shm(config, ranks: int, sample) -> Check:
+    plan = preflight.plan(config, ranks, sample)
     stale = preflight.stale_batches()
     free = preflight.shm_free_bytes() + stale.bytes  # training removes them before it starts
     detail = f"need {plan.describe()}; free {free / 2**20:.0f} MiB"
@@ -230,10 +230,10 @@ def check_ulimits(gpus: bool) -> list[Check]:
     ]
 
 
-def check_cpus(config, workers: int, reason: str, ranks: int) -> Check:
+def check_cpus(config, reason: str, ranks: int) -> Check:
     from train.cpus import usable_cores
 
-    cores = usable_cores()
+    cores, workers = usable_cores(), config.loader.num_workers
     detail = f"{cores} usable cores; num_workers={workers} per rank x {ranks} rank(s) ({reason})"
     if workers * ranks > cores:
         fix = "more workers than cores oversubscribe the CPU; use num_workers: auto"
@@ -267,10 +267,10 @@ def check_disk(config, run_dir: Path, free: int | None = None) -> Check:
 def run_checks(config, output_dir: str | None = None, resume: str | None = None) -> list[Check]:
     """All checks; ``output_dir`` is --output-dir (None: output.dir), ``resume`` the resume
     flag given (resume, auto_resume, overwrite or None)."""
-    from train.cpus import resolve_num_workers
+    from train.cpus import resolve_loader
 
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("PADDLE_LOCAL_SIZE", "1")))
-    workers, reason = resolve_num_workers(config.loader.num_workers, local_world_size=ranks)
+    config, reason = resolve_loader(config, local_world_size=ranks)
     checks = []
     train_check, sample = check_dataset(config, "train", config.data.train)
     val_check, _ = check_dataset(config, "val", config.data.val)
@@ -278,12 +278,12 @@ def run_checks(config, output_dir: str | None = None, resume: str | None = None)
     uses_gpu = config.train.device != "cpu" and any(
         c.name == "GPU" and c.status == "PASS" for c in gpu
     )
-    checks += [check_shm(config, workers, ranks, sample), *gpu]
+    checks += [check_shm(config, ranks, sample), *gpu]
     checks += check_ulimits(uses_gpu)
     run_dir = Path(output_dir or config.output.dir)  # as python -m train derives it
     output_check, probe = check_output_dir(run_dir, resume)
     checks += [
-        check_cpus(config, workers, reason, ranks),
+        check_cpus(config, reason, ranks),
         train_check,
         val_check,
         *check_cache_dirs(config),

@@ -45,14 +45,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, weights: bool = False) 
     add_overrides_argument(parser)
 
 
-def evaluate(config, backend, dataset, workers: int) -> dict:
+def evaluate(config, backend, dataset) -> dict:
     """One pass over ``dataset`` with the backend's model: the task's metric, the sample count,
-    then the task's breakdowns (OCR: the accuracy per label length)."""
+    then the task's breakdowns (OCR: the accuracy per label length). ``config.loader`` has its
+    worker count resolved (train.cpus.resolve_loader)."""
     from datasets.sampler import EpochSampler
     from train import tasks
 
     loader = backend.make_loader(
-        dataset, EpochSampler(len(dataset), shuffle=False), config.loader, workers, train=False
+        dataset, EpochSampler(len(dataset), shuffle=False), config.loader, train=False
     )
     task = tasks.get(config.task)
     metric = task.metric()
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate_command(args: argparse.Namespace) -> int:
     from train import inference, tasks
     from train.config import load_config
-    from train.cpus import resolve_num_workers
+    from train.cpus import resolve_loader
 
     if args.weights:
         model = None
@@ -115,9 +116,9 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         else:
             backend = inference.load_backend(model, config, labels)
             origin = {"checkpoint": str(model.checkpoint)}
-        workers, _ = resolve_num_workers(config.loader.num_workers, local_world_size=1)
+        config, _ = resolve_loader(config)
         for path, dataset in zip(data_paths, datasets):
-            metrics = evaluate(config, backend, dataset, workers)
+            metrics = evaluate(config, backend, dataset)
             reports.append({**origin, "data": str(path), **metrics})
     finally:
         for dataset in datasets:

@@ -26,10 +26,11 @@ from train.weights import apply_init_from
 log = logging.getLogger("train")
 
 
-def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, workers: int) -> dict:
+def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool) -> dict:
     """Run to train.max_steps or train.epochs, whichever comes first; return the summary.
-    ``workers`` is the resolved loader.num_workers (after the /dev/shm policy)."""
-    run = Run(config, backend, dist, data, run_dir, resume, workers)
+    ``config.loader.num_workers`` is resolved (train.cpus.resolve_loader, then the /dev/shm
+    policy)."""
+    run = Run(config, backend, dist, data, run_dir, resume)
     while run.position.step < run.total_steps:
         epoch_ended = run.train_epoch()
         if run.stopping:
@@ -46,14 +47,12 @@ class Run:
     """One training run: its loaders, model, position and telemetry, and the steps of the loop
     in the order train() calls them."""
 
-    def __init__(
-        self, config, backend, dist, data: RunData, run_dir: Path, resume: bool, workers: int
-    ) -> None:
+    def __init__(self, config, backend, dist, data: RunData, run_dir: Path, resume: bool) -> None:
         self.config, self.backend, self.dist, self.data = config, backend, dist, data
         self.run_dir, self.train_cfg = run_dir, config.train
         self.batch_size = config.loader.batch_size
         self.sampler, self.loader, self.val_sampler, self.val_loader = make_loaders(
-            config, backend, dist, data, workers
+            config, backend, dist, data
         )
         self.steps_per_epoch = len(self.sampler) // self.batch_size
         self.total_steps = checkpoint.last_step(
@@ -68,7 +67,7 @@ class Run:
                 dist.world_size, self.sampler, self.steps_per_epoch, config, backend
             )
         apply_init_from(config, backend, run_dir, resume, dist.is_main)  # model.init_from
-        self.telemetry = run_telemetry(config, backend, dist, run_dir, workers)
+        self.telemetry = run_telemetry(config, backend, dist, run_dir)
         self.stops = StopAgreement(install_stop_handler(), dist, backend, self.train_cfg.log_every)
         self.stopping = False
         self.interrupted_batches = None  # an evaluation loader left open by a stop request

@@ -89,16 +89,18 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def uses_shm(config, workers: int) -> bool:
-    if workers == 0:
+def uses_shm(config) -> bool:
+    if config.loader.num_workers == 0:
         return False
     return config.framework == "torch" or config.loader.use_shared_memory
 
 
-def plan(config, workers: int, local_ranks: int, sample: dict | None = None) -> ShmPlan:
+def plan(config, local_ranks: int, sample: dict | None = None) -> ShmPlan:
+    """The /dev/shm need of ``config``, whose loader.num_workers is resolved
+    (train.cpus.resolve_loader)."""
     loader = config.loader
     prefetch = loader.prefetch_factor or 2
-    in_flight = prefetch * workers + 2 if uses_shm(config, workers) else 0
+    in_flight = prefetch * loader.num_workers + 2 if uses_shm(config) else 0
     # The validation loader's workers are alive at the same time only when persistent.
     loaders = 2 if (config.data.val and loader.persistent_workers) else 1
     batch = max(loader.batch_size, loader.eval_batch_size or 0) * sample_bytes(config, sample)
@@ -258,23 +260,23 @@ def _remove(stale: StaleFiles, path: str, kinds: str) -> int:
     return freed
 
 
-def apply_policy(
-    config, workers: int, local_ranks: int, sample: dict | None = None, free: int | None = None
-):
-    """Return (config, workers) that fit /dev/shm, or raise ShmTooSmallError (policy fail)."""
+def apply_policy(config, local_ranks: int, sample: dict | None = None, free: int | None = None):
+    """Return ``config`` (its loader.num_workers resolved), or a copy with lower loader knobs,
+    that fits /dev/shm; or raise ShmTooSmallError (policy fail)."""
     free = shm_free_bytes() if free is None else free
-    first = plan(config, workers, local_ranks, sample)
+    first = plan(config, local_ranks, sample)
     if first.need_bytes <= free:
         log.info("/dev/shm: need %s, %s free: OK", first.describe(), _mb(free))
-        return config, workers
+        return config
     problem = (
         f"/dev/shm too small: this config needs {first.describe()}, but only "
         f"{_mb(free)} is free in {SHM_PATH}"
     )
     if config.shm.policy == "fail":
         raise ShmTooSmallError(f"{problem}. HINT: {SHM_FIX}")
-    adapted, new_workers = _adapt(config, workers, local_ranks, sample, free)
-    after = plan(adapted, new_workers, local_ranks, sample)
+    adapted = _adapt(config, local_ranks, sample, free)
+    workers, new_workers = config.loader.num_workers, adapted.loader.num_workers
+    after = plan(adapted, local_ranks, sample)
     log.warning(
         "%s. shm.policy=adapt: continuing with prefetch_factor=%s num_workers=%d "
         "use_shared_memory=%s (need now %s). EXPECT SLOWER INPUT: about %d/%d of the configured "
@@ -291,28 +293,30 @@ def apply_policy(
         else "",
         SHM_FIX,
     )
-    return adapted, new_workers
+    return adapted
 
 
 def _with_loader(config, **changes):
     return dataclasses.replace(config, loader=dataclasses.replace(config.loader, **changes))
 
 
-def _adapt(config, workers, local_ranks, sample, free):
-    def fits(cfg, n):
-        return plan(cfg, n, local_ranks, sample).need_bytes <= free
+def _adapt(config, local_ranks, sample, free):
+    def fits(cfg):
+        return plan(cfg, local_ranks, sample).need_bytes <= free
 
+    workers = config.loader.num_workers
     candidate = _with_loader(config, prefetch_factor=1) if workers else config
-    if fits(candidate, workers):
-        return candidate, workers
+    if fits(candidate):
+        return candidate
     for n in range(workers - 1, 0, -1):
-        if fits(candidate, n):
-            return candidate, n
+        if fits(_with_loader(candidate, num_workers=n)):
+            return _with_loader(candidate, num_workers=n)
     if config.framework == "paddle":
         # Paddle can hand batches over through pipes: every worker kept, no shm used.
-        return _with_loader(candidate, use_shared_memory=False), workers
-    if fits(candidate, 0):  # torch: no workers means no IPC at all
-        return _with_loader(candidate, prefetch_factor=None, persistent_workers=False), 0
+        return _with_loader(candidate, use_shared_memory=False)
+    no_workers = _with_loader(candidate, num_workers=0, prefetch_factor=None)
+    if fits(no_workers):  # torch: no workers means no IPC at all
+        return _with_loader(no_workers, persistent_workers=False)
     raise ShmTooSmallError(
         f"/dev/shm has {_mb(free)} free, too little even for the memory "
         f"cache alone. HINT: {SHM_FIX}"

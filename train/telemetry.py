@@ -261,11 +261,11 @@ def _fmt(key: str, value) -> str:
     return f"{key}={value}"
 
 
-def run_telemetry(config, backend, dist, run_dir: Path, workers: int) -> Telemetry:
+def run_telemetry(config, backend, dist, run_dir: Path) -> Telemetry:
     """The run's Telemetry: rank 0 writes; the knobs line names the loader's settings."""
     loader_cfg = config.loader
     knobs = (
-        f"workers={workers} prefetch={loader_cfg.prefetch_factor or 2} "
+        f"workers={loader_cfg.num_workers} prefetch={loader_cfg.prefetch_factor or 2} "
         f"persistent={loader_cfg.persistent_workers} batch={loader_cfg.batch_size}"
     )
     return Telemetry(

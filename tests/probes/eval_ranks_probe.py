@@ -48,7 +48,7 @@ def main() -> None:
     backend.sync_buffers()  # one model on both ranks (the wrapper broadcast rank 0's weights)
 
     def loader(sampler: EpochSampler):
-        return backend.make_loader(dataset, sampler, config.loader, 1, train=False)
+        return backend.make_loader(dataset, sampler, config.loader, train=False)
 
     share = EpochSampler(len(dataset), shuffle=False, rank=dist.rank, world_size=dist.world_size)
     sharded = evaluate(backend, loader(share), config.task, dist=dist, counted=share.unpadded)

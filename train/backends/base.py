@@ -5,8 +5,8 @@ The loop calls only these methods, in this order:
     backend = make_backend(config)            # train/backends/__init__.py: by config.framework
     dist = backend.init_distributed()         # torchrun / paddle.distributed.launch env, device
     backend.seed_everything(seed, deterministic)
-    backend.set_cpu_threads(workers)          # share the cores with the loader workers
-    train_loader = backend.make_loader(train_set, sampler, config.loader, workers, train=True)
+    backend.set_cpu_threads(config.loader.num_workers)  # share the cores with the workers
+    train_loader = backend.make_loader(train_set, sampler, config.loader, train=True)
     backend.build(config.model, config.optim, input_shape, num_classes, total_steps)
     backend.load_state(dir)                   # on --resume
     for each epoch:
@@ -121,7 +121,7 @@ class Backend(abc.ABC):
 
     # --- data ------------------------------------------------------------------------------
     @abc.abstractmethod
-    def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
+    def make_loader(self, dataset, sampler, loader_config, train: bool) -> Any:
         """The framework's DataLoader over a datasets.dataset.RecordDataset with a
         datasets.sampler.EpochSampler; every knob of loader_config honoured
         (train/backends/common.py's LoaderKnobs)."""

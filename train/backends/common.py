@@ -87,7 +87,7 @@ def ring_slots(knobs: LoaderKnobs) -> int:
 @dataclass(frozen=True)
 class LoaderKnobs:
     """What both backends' make_loader take: the loader config for one loader (training or
-    evaluation), with the resolved worker count. Defaults: the frameworks' own."""
+    evaluation). Defaults: the frameworks' own."""
 
     batch_size: int
     drop_last: bool = True
@@ -98,13 +98,19 @@ class LoaderKnobs:
     timeout_s: float = 0.0  # no batch for this long is an error; 0: wait forever
 
     @classmethod
-    def of(cls, loader_config, num_workers: int, train: bool) -> LoaderKnobs:
-        """``loader_config`` is a train.config.LoaderConfig; ``num_workers`` the resolved count."""
+    def of(cls, loader_config, train: bool) -> LoaderKnobs:
+        """``loader_config`` is a train.config.LoaderConfig whose num_workers is resolved
+        (train.cpus.resolve_loader)."""
+        if not isinstance(loader_config.num_workers, int):
+            raise ValueError(
+                f"loader.num_workers is {loader_config.num_workers!r}: a loader takes a count "
+                "(resolve it first with train.cpus.resolve_loader)"
+            )
         batch_size, drop_last = loader_config.batching(train)
         return cls(
             batch_size=batch_size,
             drop_last=drop_last,
-            num_workers=num_workers,
+            num_workers=loader_config.num_workers,
             prefetch_factor=loader_config.prefetch_factor,
             persistent_workers=loader_config.persistent_workers,
             multiprocessing_context=loader_config.multiprocessing_context,

@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from train.config import ConfigError, add_overrides_argument, load_config
-from train.cpus import resolve_num_workers
+from train.cpus import resolve_loader
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     sys.stdout.write(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    workers, reason = resolve_num_workers(config.loader.num_workers)
-    print(f"# loader.num_workers on this machine: {workers} ({reason})")
+    resolved, reason = resolve_loader(config)
+    print(f"# loader.num_workers on this machine: {resolved.loader.num_workers} ({reason})")
     return 0
 
 

@@ -177,11 +177,11 @@ class PaddleBackend(Backend):
         return None
 
     # --- data ------------------------------------------------------------------------------
-    def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
+    def make_loader(self, dataset, sampler, loader_config, train: bool) -> Any:
         return paddle_data.make_loader(
             dataset,
             sampler,
-            common.LoaderKnobs.of(loader_config, num_workers, train),
+            common.LoaderKnobs.of(loader_config, train),
             use_shared_memory=loader_config.use_shared_memory,
             batch_ring=loader_config.batch_ring,
             places=self.place,

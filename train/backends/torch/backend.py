@@ -151,11 +151,11 @@ class TorchBackend(Backend):
         log.info("torch threads: %d (%d cores - %d loader workers)", threads, cores, num_workers)
 
     # --- data ------------------------------------------------------------------------------
-    def make_loader(self, dataset, sampler, loader_config, num_workers: int, train: bool) -> Any:
+    def make_loader(self, dataset, sampler, loader_config, train: bool) -> Any:
         loader = make_loader(
             dataset,
             sampler,
-            common.LoaderKnobs.of(loader_config, num_workers, train),
+            common.LoaderKnobs.of(loader_config, train),
             pin_memory=loader_config.pin_memory and self.device.type == "cuda",
             seed=self.seed,
             batch_ring=loader_config.batch_ring,
