@@ -80,7 +80,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.framework is None:
         parser.error("neither torch nor paddle is importable: run with a project venv")
-    from fetch_ppocrv4 import RECOGNIZER, cache_dir, fetch
+    from scripts.fetch_ppocrv4 import RECOGNIZER, cache_dir, fetch
 
     onnx_path = Path(args.onnx) if args.onnx else fetch(RECOGNIZER)
     out_dir = Path(args.out_dir) if args.out_dir else cache_dir()

@@ -106,3 +106,38 @@ def test_validate_wrong_path_is_one_clear_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: dataset path does not exist")
     assert "Traceback" not in result.stderr
+
+
+def test_every_project_import_in_the_scripts_resolves_from_the_root():
+    """The scripts run as modules (``python -m scripts.NAME``), so a script imports a sibling as
+    ``scripts.NAME``: a bare ``import NAME`` worked only while the script's own folder was first
+    on sys.path. Imports inside functions count too (a --help run never reaches them)."""
+    import ast
+
+    project = {"train", "datasets", "bench", "scripts"}
+    siblings = {path.stem for path in (ROOT / "scripts").rglob("*.py")}
+    wrong = []
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                where = f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
+                if top in siblings and top not in project:
+                    wrong.append(f"{where} (a sibling: import it as scripts.{name})")
+                elif top in project and not _module_file(name).exists():
+                    wrong.append(f"{where} (not found from the repository root)")
+    assert wrong == [], wrong
+
+
+def _module_file(dotted: str) -> Path:
+    """Where ``dotted`` lives under the repository root (its module file or its package's
+    __init__.py), found without importing it (a backend's package imports its framework)."""
+    path = ROOT.joinpath(*dotted.split("."))
+    package = path / "__init__.py"
+    return package if package.exists() else path.with_suffix(".py")
