@@ -164,6 +164,40 @@ test-quick: .venv-torch/.installed .venv-paddle/.installed
 	echo "---- Paddle half (ran beside the torch half; also in $(TEST_REPORTS)/paddle-quick.log) ----"; \
 	cat $(TEST_REPORTS)/paddle-quick.log; exit $$status
 
+# Line and branch coverage of train/, datasets/, bench/ and scripts/ over both halves of the suite,
+# the trainings, launcher ranks and loader workers the tests start included (tests/coverage.cfg,
+# docs/testing.md). The halves run side by side as in make test, the Paddle half's output in
+# $(COVERAGE_OUT)/paddle.log. A failing test does not stop the measurement (the tracer's slowdown
+# can fail a timing-sensitive test): both halves' exit codes and failures are printed, and the
+# target fails only when a half could not run its tests. Writes $(COVERAGE_OUT)/coverage.json
+# (with the measured files' text, for python -m tests.coverage_gaps BEFORE AFTER), coverage.txt
+# and each half's JUnit XML; PYTEST_ARGS measures a subset.
+COVERAGE_OUT ?= .cache/coverage
+.PHONY: coverage
+coverage: .venv-torch/.installed .venv-paddle/.installed
+	@rm -rf $(COVERAGE_OUT); mkdir -p $(COVERAGE_OUT)/data; \
+	export COVERAGE_RCFILE=$(abspath tests/coverage.cfg) COVERAGE_DATA_DIR=$(abspath $(COVERAGE_OUT))/data; \
+	echo "coverage: the Paddle half runs beside the torch half; its output follows at the end"; \
+	TEST_FRAMEWORK=paddle $(PADDLE) -m coverage run -m pytest -m "not torch" --durations=20 \
+		--junitxml=$(COVERAGE_OUT)/paddle.xml $(PYTEST_ARGS) > $(COVERAGE_OUT)/paddle.log 2>&1 & paddle=$$!; \
+	TEST_FRAMEWORK=torch $(TORCH) -m coverage run -m pytest -m "not paddle" --durations=20 \
+		--junitxml=$(COVERAGE_OUT)/torch.xml $(PYTEST_ARGS) 2>&1 | tee $(COVERAGE_OUT)/torch.log; \
+	torch_status=$${PIPESTATUS[0]}; wait $$paddle; paddle_status=$$?; \
+	echo "---- Paddle half (ran beside the torch half; also in $(COVERAGE_OUT)/paddle.log) ----"; \
+	cat $(COVERAGE_OUT)/paddle.log; \
+	echo "---- coverage of both halves ----"; \
+	$(TORCH) -m coverage combine -q && \
+	$(TORCH) -m coverage json -q -o $(COVERAGE_OUT)/coverage.json && \
+	$(TORCH) -m coverage report > $(COVERAGE_OUT)/coverage.txt && \
+	$(TORCH) -m tests.coverage_gaps --snapshot $(COVERAGE_OUT)/coverage.json || exit 1; \
+	echo "report: $(COVERAGE_OUT)/coverage.json, $(COVERAGE_OUT)/coverage.txt"; \
+	echo "pytest exit codes: torch half $$torch_status, Paddle half $$paddle_status" \
+		"(0 passed, 1 tests failed, 5 none selected)"; \
+	grep -h '^FAILED\|^ERROR' $(COVERAGE_OUT)/torch.log $(COVERAGE_OUT)/paddle.log || true; \
+	for status in $$torch_status $$paddle_status; do \
+		case $$status in 0|1|5) ;; *) echo "a half did not run its tests: the coverage is partial"; exit 1;; esac; \
+	done
+
 # What CI does with containers: start a Docker Engine of its own, build both images on CPU
 # stand-ins of the GPU bases, and run the README's compose commands (needs root; installs
 # docker.io, debootstrap and Compose v2 itself). See docs/containers.md.
