@@ -15,6 +15,12 @@ did not run (or that AFTER excludes from measurement); a key that AFTER's file n
 a statement is removed code. A branch is matched by the keys of its two ends, and lost when it is
 among AFTER's branches that did not run. The listing gives each loss's line in AFTER's file and
 its text; the last line sums up. Exit status 1 when something covered was lost, 2 on bad usage.
+
+Some lines run or not by timing (a poll loop's sleep, a race the tests provoke), so one run's
+coverage differs a little from the next. Given several BEFORE reports (runs of the same code),
+the comparison takes what all of them covered:
+
+    python -m tests.coverage_gaps BEFORE1.json BEFORE2.json AFTER.json
 """
 
 from __future__ import annotations
@@ -129,6 +135,27 @@ class Gaps:
     removed_branches: int = 0
 
 
+def covered_by_all(runs: list[dict[str, FileCoverage]]) -> dict[str, FileCoverage]:
+    """The statements and branches every one of ``runs`` (reports of the same code) covered:
+    the first run's files, less what any other run did not cover."""
+    first, *others = runs
+    stable = {}
+    for path, file in first.items():
+        covered, branches = set(file.covered), set(file.covered_branches)
+        for other in others:
+            covered &= other.get(path, FileCoverage()).covered
+            branches &= other.get(path, FileCoverage()).covered_branches
+        stable[path] = FileCoverage(
+            covered=covered,
+            not_covered=file.not_covered | (file.covered - covered),
+            covered_branches=branches,
+            missed_branches=file.missed_branches | (file.covered_branches - branches),
+            lines=file.lines,
+            text=file.text,
+        )
+    return stable
+
+
 def compare(before: dict[str, FileCoverage], after: dict[str, FileCoverage]) -> Gaps:
     gaps = Gaps()
     for path, old in sorted(before.items()):
@@ -227,11 +254,12 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--snapshot":
         print(package_totals(snapshot(Path(argv[1]))))
         return 0
-    if len(argv) != 2 or argv[0].startswith("-"):
+    if len(argv) < 2 or any(arg.startswith("-") for arg in argv):
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        before, after = read_report(Path(argv[0])), read_report(Path(argv[1]))
+        before = covered_by_all([read_report(Path(arg)) for arg in argv[:-1]])
+        after = read_report(Path(argv[-1]))
     except (OSError, ValueError, KeyError) as error:
         print(f"coverage_gaps: {error}", file=sys.stderr)
         return 2

@@ -186,6 +186,21 @@ def test_a_branch_out_of_the_function_is_matched_by_its_def_line(tmp_path, capsy
     assert "  branch 5->exit from line 4: if x:" in out.splitlines()
 
 
+def test_with_several_before_runs_only_what_all_covered_counts(tmp_path, capsys):
+    """A line one BEFORE run covered by timing and another did not is not a loss."""
+    by_chance = dict(ALL_BUT_EARLY_RETURNS, executed=[1, 2, 3, 4, 7, 8, 10], missing=[9])
+    reports = [
+        write_report(tmp_path / "before1.json", {"train/a.py": by_chance}),
+        write_report(tmp_path / "before2.json", {"train/a.py": ALL_BUT_EARLY_RETURNS}),
+        write_report(tmp_path / "after.json", {"train/a.py": ALL_BUT_EARLY_RETURNS}),
+    ]
+    assert coverage_gaps.main([str(r) for r in reports]) == 0
+    assert "before 6/2, after 6/2; lost 0/0" in capsys.readouterr().out
+    # Alone, the run that covered it makes it a loss.
+    assert coverage_gaps.main([str(reports[0]), str(reports[2])]) == 1
+    assert "  line 3: return None" in capsys.readouterr().out
+
+
 def test_a_report_without_the_snapshots_source_is_refused(tmp_path, capsys):
     plain = write_report(tmp_path / "plain.json", {"train/a.py": ALL_BUT_EARLY_RETURNS}, False)
     assert coverage_gaps.main([str(plain), str(plain)]) == 2
