@@ -177,6 +177,11 @@ COVERAGE_OUT ?= .cache/coverage
 coverage: .venv-torch/.installed .venv-paddle/.installed
 	@rm -rf $(COVERAGE_OUT); mkdir -p $(COVERAGE_OUT)/data; \
 	export COVERAGE_RCFILE=$(abspath tests/coverage.cfg) COVERAGE_DATA_DIR=$(abspath $(COVERAGE_OUT))/data; \
+	for python in $(TORCH) $(PADDLE); do \
+		from=$$(cd / && $(CURDIR)/$$python -c 'import os, train; print(os.path.dirname(os.path.dirname(train.__file__)))' 2>/dev/null); \
+		[ "$$from" = "$(CURDIR)" ] || echo "coverage: warning: outside this checkout $$python imports train from $${from:-nowhere}" \
+			"(its editable install): a process started in another directory measures none of this checkout's code"; \
+	done; \
 	echo "coverage: the Paddle half runs beside the torch half; its output follows at the end"; \
 	TEST_FRAMEWORK=paddle $(PADDLE) -m coverage run -m pytest -m "not torch" --durations=20 \
 		--junitxml=$(COVERAGE_OUT)/paddle.xml $(PYTEST_ARGS) > $(COVERAGE_OUT)/paddle.log 2>&1 & paddle=$$!; \

@@ -8,13 +8,14 @@ branch except in code it removed. Measure before and after, then compare:
 
     python -m tests.coverage_gaps BEFORE.json AFTER.json
 
-Line numbers move with every edit, so statements are matched by what they say: a line's key is
-the function or class it is in, its text (stripped) and how many lines before it in that scope
-read the same. A statement covered in BEFORE is lost when its key is a statement in AFTER that
-did not run (or that AFTER excludes from measurement); a key that AFTER's file no longer holds as
-a statement is removed code. A branch is matched by the keys of its two ends, and lost when it is
-among AFTER's branches that did not run. The listing gives each loss's line in AFTER's file and
-its text; the last line sums up. Exit status 1 when something covered was lost, 2 on bad usage.
+Line numbers move with every edit, so statements are matched by what they say: a line's key is the
+function or class it is in, its text (stripped) and how many lines before it in that scope read the
+same. A statement covered in BEFORE is lost when its key is a statement in AFTER that did not run
+(or that AFTER excludes from measurement); a key that AFTER's file no longer holds as a statement is
+removed code (so is an edited line: its text changed). A branch is matched by the keys of its two
+ends, and lost when it is among AFTER's branches that did not run. The listing gives each loss's
+line in AFTER's file and its text; the last line sums up. Exit status 1 when something covered was
+lost, 2 on bad usage.
 
 Some lines run or not by timing (a poll loop's sleep, a race the tests provoke), so one run's
 coverage differs a little from the next. Given several BEFORE reports (runs of the same code),
