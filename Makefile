@@ -198,7 +198,7 @@ coverage: .venv-torch/.installed .venv-paddle/.installed
 	echo "report: $(COVERAGE_OUT)/coverage.json, $(COVERAGE_OUT)/coverage.txt"; \
 	echo "pytest exit codes: torch half $$torch_status, Paddle half $$paddle_status" \
 		"(0 passed, 1 tests failed, 5 none selected)"; \
-	grep -h '^FAILED\|^ERROR' $(COVERAGE_OUT)/torch.log $(COVERAGE_OUT)/paddle.log || true; \
+	for half in torch paddle; do grep '^FAILED\|^ERROR' $(COVERAGE_OUT)/$$half.log | sed "s/^/$$half half: /"; done; \
 	for status in $$torch_status $$paddle_status; do \
 		case $$status in 0|1|5) ;; *) echo "a half did not run its tests: the coverage is partial"; exit 1;; esac; \
 	done
