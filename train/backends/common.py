@@ -10,7 +10,9 @@
 - :func:`amp_dtype`: which autocast dtype ``train.amp`` means on this device (said once when
   the CPU ignores it);
 - :func:`crnn_plan`: the CRNN, layer by layer, which both backends build (their conv stacks
-  with :func:`build_layers`).
+  with :func:`build_layers`);
+- :class:`TicketPassingDataset`: a dataset as both loaders see it, the batch ring's tickets
+  passed through.
 
 The weight-decay rule lives with the learning-rate curve in train/schedule.py.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from datasets.batch_ring import RingTicket
 from train import gpu_probe
 from train.backends.base import DeviceUnavailableError
 from train.doctor_gpu import no_cuda_reason, unrunnable_gpu
@@ -134,6 +137,24 @@ def amp_dtype(amp: str, on_gpu: bool) -> str | None:
         log.warning("train.amp is %s but the device is the CPU: training in float32", amp)
         return None
     return {"fp16": "float16", "bf16": "bfloat16"}.get(amp)
+
+
+class TicketPassingDataset:
+    """A framework-free dataset as a framework's loader sees it, passing the RingTicket that
+    datasets/batch_ring.py puts in front of each batch's indices on to RingCollate untouched:
+    it names the batch's slot in the ring, not a sample."""
+
+    def __init__(self, dataset) -> None:
+        super().__init__()
+        self.dataset = dataset
+
+    def __getitem__(self, item):
+        if isinstance(item, RingTicket):
+            return item
+        return self.dataset[item]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
 
 
 # ---------------------------------------------------------------- the CRNN, as a plan

@@ -27,10 +27,10 @@ import numpy as np
 import paddle
 
 from datasets.batch_buffers import BatchBuffers
-from datasets.batch_ring import BatchRing, RingBatches, RingCollate, RingTicket, ticket_of
+from datasets.batch_ring import BatchRing, RingBatches, RingCollate, ticket_of
 from datasets.handles import stop_signals_held
 from datasets.sampler import EpochBatchSampler, EpochSampler, WholeBatches
-from train.backends.common import LoaderKnobs, ring_slots, stack_samples
+from train.backends.common import LoaderKnobs, TicketPassingDataset, ring_slots, stack_samples
 from train.backends.paddle.compat import (
     check_zlib_load_order,
     closing_pipes,
@@ -39,20 +39,9 @@ from train.backends.paddle.compat import (
 )
 
 
-class PaddleDataset(paddle.io.Dataset):
-    """paddle.io.Dataset face of a framework-free dataset (no copy, no extra state)."""
-
-    def __init__(self, dataset) -> None:
-        super().__init__()
-        self.dataset = dataset
-
-    def __getitem__(self, item):
-        if isinstance(item, RingTicket):  # not a sample: passed on to RingCollate
-            return item
-        return self.dataset[item]
-
-    def __len__(self) -> int:
-        return len(self.dataset)
+class PaddleDataset(TicketPassingDataset, paddle.io.Dataset):
+    """paddle.io.Dataset face of a framework-free dataset (no copy, no extra state), the
+    ring's tickets passed through."""
 
 
 def _as_tensor(array):

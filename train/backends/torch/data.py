@@ -22,10 +22,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from datasets.batch_buffers import BatchBuffers
-from datasets.batch_ring import BatchRing, RingBatches, RingCollate, RingTicket, ticket_of
+from datasets.batch_ring import BatchRing, RingBatches, RingCollate, ticket_of
 from datasets.handles import stop_signals_held
 from datasets.sampler import EpochBatchSampler, EpochSampler, WholeBatches
-from train.backends.common import LoaderKnobs, ring_slots, stack_samples
+from train.backends.common import LoaderKnobs, TicketPassingDataset, ring_slots, stack_samples
 
 
 def collate_uint8(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
@@ -40,19 +40,8 @@ def whole_batch_uint8(batches: list[dict[str, np.ndarray]]) -> dict[str, torch.T
     return {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
-class _RingDataset(torch.utils.data.Dataset):
-    """The dataset, passing the RingTicket in front of each batch's indices on to RingCollate."""
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-
-    def __getitem__(self, item):
-        if isinstance(item, RingTicket):  # not a sample: which slot the batch goes to
-            return item
-        return self.dataset[item]
-
-    def __len__(self) -> int:
-        return len(self.dataset)
+class _RingDataset(TicketPassingDataset, torch.utils.data.Dataset):
+    """The dataset as torch's loader sees it, the ring's tickets passed through."""
 
 
 def _worker_init(worker_id: int) -> None:
