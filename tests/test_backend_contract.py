@@ -150,7 +150,7 @@ def test_grad_clip_bounds_the_norm_of_all_gradients_together(framework, ocr_lmdb
     build(backend, config, num_classes, total_steps=2)
 
     def weights() -> list[np.ndarray]:
-        params = backend.net.parameters()
+        params = backend.trainer.net.parameters()
         return [
             backend.to_numpy(p.detach()).astype(np.float64)
             for p in params
@@ -242,7 +242,7 @@ def test_amp_is_off_on_the_cpu_and_said_once(framework, ocr_lmdb, caplog):
     assert [r.message for r in caplog.records if "amp" in r.message] == [
         "train.amp is bf16 but the device is the CPU: training in float32"
     ]
-    assert backend.amp_dtype is None
+    assert backend.trainer.amp_dtype is None
 
 
 def test_gpu_device_without_a_gpu_says_how_to_fix(framework, ocr_lmdb):

@@ -40,8 +40,8 @@ def ocr_config(lmdb: Path, **sections):
 
 # --- checkpoints ----------------------------------------------------------------------------------
 def tensors(backend) -> dict[str, np.ndarray]:
-    state = {f"model/{k}": v.numpy() for k, v in backend.net.state_dict().items()}
-    state.update({f"optim/{k}": v for k, v in backend._optimizer_tensors().items()})
+    state = {f"model/{k}": v.numpy() for k, v in backend.trainer.net.state_dict().items()}
+    state.update({f"optim/{k}": v for k, v in backend.state.optimizer_tensors().items()})
     return state
 
 
@@ -83,7 +83,7 @@ def test_resumed_run_is_bit_identical(ocr_lmdb, tmp_path, optimizer):
     resumed.load_state(tmp_path)
     assert resumed.current_lr() == first_half.current_lr()
     assert overfit_each(resumed, batches[3:]) == losses[3:]
-    assert resumed.step == whole.step == 6
+    assert resumed.trainer.step == whole.trainer.step == 6
     assert resumed.current_lr() == whole.current_lr()
     expected, got = tensors(whole), tensors(resumed)
     assert expected.keys() == got.keys()
@@ -126,11 +126,11 @@ def test_weight_decay_skips_one_dimensional_parameters(checkpoint):
     """train/schedule.py's rule, as the torch backend applies it: no decay on biases and norm
     weights; BatchNorm's running statistics (frozen parameters in Paddle) are not optimized."""
     backend, _ = checkpoint
-    decayed, free = backend.optimizer._param_groups
+    decayed, free = backend.trainer.optimizer._param_groups
     assert decayed["weight_decay"] == 1e-4 and free["weight_decay"] == 0.0
     assert all(len(p.shape) > 1 for p in decayed["params"])
     assert all(len(p.shape) == 1 for p in free["params"])
-    trainable = [p for p in backend.net.parameters() if p.trainable]
+    trainable = [p for p in backend.trainer.net.parameters() if p.trainable]
     assert len(decayed["params"]) + len(free["params"]) == len(trainable)
 
 
@@ -224,7 +224,8 @@ host = {"image": paddle.to_tensor(images), "label": paddle.to_tensor(np.arange(4
 (batch,) = backend.device_batches([host])
 loss = backend.to_float(backend.train_step(batch))
 # Trainable weights only: BatchNorm's running statistics follow each rank's own data.
-checksum = float(sum(np.abs(p.numpy()).sum() for p in backend.net.parameters() if p.trainable))
+trainable = [p for p in backend.trainer.net.parameters() if p.trainable]
+checksum = float(sum(np.abs(p.numpy()).sum() for p in trainable))
 print(json.dumps({"rank": info.rank, "world": info.world_size, "sum": total.tolist(),
                   "loss": loss, "checksum": checksum}), flush=True)
 backend.shutdown()

@@ -82,7 +82,7 @@ def test_load_state_restores_the_generators(ocr_lmdb, tmp_path):
     build(resumed, config, num_classes, total_steps=4)
     resumed.load_state(tmp_path)
     assert torch.equal(torch.get_rng_state(), at_checkpoint)
-    assert resumed.scheduler.last_epoch == first.scheduler.last_epoch == 2
+    assert resumed.trainer.scheduler.last_epoch == first.trainer.scheduler.last_epoch == 2
 
 
 # ---------------------------------------------------------------- loader knobs
@@ -182,9 +182,10 @@ host = {
 }
 for batch in backend.device_batches([host, host]):
     backend.train_step(batch)
-checksum = sum(float(p.double().sum()) for p in backend.net.parameters())
+checksum = sum(float(p.double().sum()) for p in backend.trainer.net.parameters())
 report = {"rank": info.rank, "world": info.world_size, "sum": total.tolist(),
-          "backend": dist.get_backend(), "ddp": type(backend.model).__name__, "checksum": checksum}
+          "backend": dist.get_backend(), "ddp": type(backend.trainer.model).__name__,
+          "checksum": checksum}
 backend.barrier()
 backend.shutdown()
 print("RESULT " + json.dumps(report))
@@ -253,7 +254,9 @@ def test_weight_decay_skips_one_dimensional_parameters(ocr_lmdb):
     """train/schedule.py's rule, as the Paddle backend applies it: no decay on biases and norm
     weights."""
     backend = _small_ocr_backend(ocr_lmdb)
-    decayed, free = backend.optimizer.param_groups
+    decayed, free = backend.trainer.optimizer.param_groups
     assert decayed["weight_decay"] == 1e-4 and free["weight_decay"] == 0.0
     assert all(p.dim() > 1 for p in decayed["params"]) and all(p.dim() == 1 for p in free["params"])
-    assert len(decayed["params"]) + len(free["params"]) == len(list(backend.net.parameters()))
+    assert len(decayed["params"]) + len(free["params"]) == len(
+        list(backend.trainer.net.parameters())
+    )

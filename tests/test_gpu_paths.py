@@ -69,25 +69,25 @@ def test_paddle_fp16_loss_scaling_steps_with_parameter_groups_and_clipping(
     build(backend, config, num_classes, total_steps=10)
     # As build() sets them for train.amp: fp16 on a GPU. On the CPU auto_cast computes in
     # float32, but records float16 as the AMP dtype, which the scaler checks in scale().
-    backend.amp_dtype = "float16"
-    backend.scaler = paddle_fp16_scaler(monkeypatch, init_loss_scaling=1024.0)
-    assert isinstance(backend.optimizer._param_groups[0], dict)  # decay / no-decay groups
+    backend.trainer.amp_dtype = "float16"
+    backend.trainer.scaler = paddle_fp16_scaler(monkeypatch, init_loss_scaling=1024.0)
+    assert isinstance(backend.trainer.optimizer._param_groups[0], dict)  # decay / no-decay groups
 
     def weights():
-        return [p.numpy().copy() for p in backend.net.parameters() if p.trainable]
+        return [p.numpy().copy() for p in backend.trainer.net.parameters() if p.trainable]
 
     before = weights()
     losses = [backend.to_float(backend.train_step(batch)) for batch in batches]
     assert all(math.isfinite(loss) for loss in losses), losses
     assert any((a != b).any() for a, b in zip(before, weights()))  # the optimizer stepped
-    assert backend.scaler.is_enable()  # still scaling: fp16 is the AMP dtype
-    assert backend.scaler._scale.item() == 1024.0  # no overflow: the scale stays
+    assert backend.trainer.scaler.is_enable()  # still scaling: fp16 is the AMP dtype
+    assert backend.trainer.scaler._scale.item() == 1024.0  # no overflow: the scale stays
 
     # Overflowing gradients: the step is skipped and the scale halves.
     stepped = weights()
     poisoned = dict(batches[0], image=batches[0]["image"] * float("nan"))
     backend.train_step(poisoned)
-    assert backend.scaler._scale.item() == 512.0
+    assert backend.trainer.scaler._scale.item() == 512.0
     for a, b in zip(stepped, weights()):
         np.testing.assert_array_equal(a, b)
 
@@ -122,13 +122,13 @@ def test_torch_resume_restores_the_cuda_rng_of_the_gpus_there_are(visible, monke
     """Saved on 4 GPUs (get_rng_state_all: one state per visible GPU), resumed where 2, 4 or 8
     are visible: the first min(saved, visible) are restored, and the log says so."""
     torch = pytest.importorskip("torch")
-    from train.backends.torch import backend as torch_backend
+    from train.backends.torch import state as torch_state
 
     saved = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]
-    state = {**torch_backend._rng_state(torch.device("cpu")), "torch_cuda": saved}
+    state = {**torch_state._rng_state(torch.device("cpu")), "torch_cuda": saved}
     generators = visible_cuda_generators(monkeypatch, visible)
     with caplog.at_level("INFO"):
-        torch_backend._set_rng_state(state, torch.device("cuda", 0))
+        torch_state._set_rng_state(state, torch.device("cuda", 0))
     restored = min(4, visible)
     for index, generator in enumerate(generators):
         if index < restored:
@@ -163,10 +163,11 @@ def test_torch_process_group_gets_the_configured_timeout(ocr_lmdb, monkeypatch):
     from datetime import timedelta
 
     from train.backends.torch import backend as torch_backend
+    from train.backends.torch import runtime as torch_runtime
 
     calls = []
-    monkeypatch.setattr(torch_backend.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(torch_backend.dist, "init_process_group", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(torch_runtime.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch_runtime.dist, "init_process_group", lambda **kw: calls.append(kw))
     launcher_env(monkeypatch, "torch")
     config = make_config("torch", "ocr", ocr_lmdb, train={"device": "cpu", "dist_timeout_s": 5400})
     info = torch_backend.TorchBackend(config.task, config.train).init_distributed()
@@ -182,6 +183,7 @@ def test_paddle_cpu_rank_under_the_launcher_stays_on_the_cpu(ocr_lmdb, monkeypat
     after it, and asks for gloo, not NCCL; the process group gets train.dist_timeout_s."""
     paddle = pytest.importorskip("paddle")
     from train.backends.paddle import backend as paddle_backend
+    from train.backends.paddle import runtime as paddle_runtime
 
     events = []
 
@@ -194,8 +196,8 @@ def test_paddle_cpu_rank_under_the_launcher_stays_on_the_cpu(ocr_lmdb, monkeypat
             )
         )
 
-    monkeypatch.setattr(paddle_backend.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(paddle_backend.dist, "init_parallel_env", init_parallel_env)
+    monkeypatch.setattr(paddle_runtime.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(paddle_runtime.dist, "init_parallel_env", init_parallel_env)
     monkeypatch.setattr(paddle, "set_device", lambda device: events.append(("set_device", device)))
     launcher_env(monkeypatch, "paddle")
     config = make_config("paddle", "ocr", ocr_lmdb, train={"device": "cpu", "dist_timeout_s": 5400})
@@ -239,14 +241,16 @@ def test_torch_resume_keeps_adam_step_counts_on_the_cpu(ocr_lmdb, tmp_path, monk
     build(backend, config, num_classes, total_steps=4)
     for batch in batches:
         backend.train_step(batch)
-    steps = [state["step"] for state in backend.optimizer.state.values()]
+    steps = [state["step"] for state in backend.trainer.optimizer.state.values()]
     assert steps and all(s.device.type == "cpu" for s in steps)  # with their parameters
     backend.save_state(tmp_path)
 
     monkeypatch.setattr(torch, "load", load)
-    backend.device = torch.device("cuda", 0)  # the resumed run's device, as torch.load sees it
+    backend.runtime.device = torch.device(
+        "cuda", 0
+    )  # the resumed run's device, as torch.load sees it
     backend.load_state(tmp_path)
-    steps = [state["step"] for state in backend.optimizer.state.values()]
+    steps = [state["step"] for state in backend.trainer.optimizer.state.values()]
     assert steps and all(type(s) is torch.Tensor and s.device.type == "cpu" for s in steps)
     assert all(float(s) == 2.0 for s in steps)
 
@@ -379,9 +383,11 @@ def test_torch_device_prefetch_knob_picks_the_cuda_path(prefetch, ocr_lmdb, monk
     dataset, _ = open_dataset(config)
     loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
     used = []
-    monkeypatch.setattr(backend, "_cuda_prefetch", lambda loader: used.append("side stream") or [])
-    monkeypatch.setattr(backend, "_to_device", lambda batch: used.append("copy") or batch)
-    backend.device = torch.device("cuda", 0)
+    monkeypatch.setattr(
+        backend.batches, "_cuda_prefetch", lambda loader: used.append("side stream") or []
+    )
+    monkeypatch.setattr(backend.batches, "_to_device", lambda batch: used.append("copy") or batch)
+    backend.runtime.device = torch.device("cuda", 0)
     list(backend.device_batches(loader))
     assert used == (["side stream"] if prefetch else ["copy"] * len(loader))
 

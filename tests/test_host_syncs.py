@@ -90,14 +90,15 @@ def state_values(backend, framework: str) -> dict[str, np.ndarray]:
     """Every tensor a step may change: weights, BatchNorm statistics, optimizer state."""
     if framework == "torch":
         values = {
-            f"model.{k}": v.detach().cpu().numpy() for k, v in backend.net.state_dict().items()
+            f"model.{k}": v.detach().cpu().numpy()
+            for k, v in backend.trainer.net.state_dict().items()
         }
-        for index, state in enumerate(backend.optimizer.state.values()):
+        for index, state in enumerate(backend.trainer.optimizer.state.values()):
             for key, value in state.items():
                 values[f"optim.{index}.{key}"] = value.detach().cpu().numpy()
         return values
-    values = {f"model.{k}": v.numpy() for k, v in backend.net.state_dict().items()}
-    for key, value in backend.optimizer.state_dict().items():
+    values = {f"model.{k}": v.numpy() for k, v in backend.trainer.net.state_dict().items()}
+    for key, value in backend.trainer.optimizer.state_dict().items():
         if key not in ("LR_Scheduler", "master_weights"):
             values[f"optim.{key}"] = value.numpy()
     return values

@@ -38,7 +38,9 @@ def _resnet(framework: str, image_h5: Path, num_classes: int, seed: int):
 
 
 def _arrays(backend) -> dict[str, np.ndarray]:
-    return {name: np.array(backend.to_numpy(t)) for name, t in backend.net.state_dict().items()}
+    return {
+        name: np.array(backend.to_numpy(t)) for name, t in backend.trainer.net.state_dict().items()
+    }
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -67,7 +69,7 @@ def test_torch_state_dict_file_nested_and_prefixed(image_h5, tmp_path):
     import torch
 
     source, _ = _resnet("torch", image_h5, num_classes=4, seed=1)
-    state = {f"module.{k}": v for k, v in source.net.state_dict().items()}
+    state = {f"module.{k}": v for k, v in source.trainer.net.state_dict().items()}
     state["module.extra.weight"] = torch.zeros(3)
     torch.save({"state_dict": state, "epoch": 7}, tmp_path / "weights.pth")
     target, _ = _resnet("torch", image_h5, num_classes=4, seed=2)
@@ -75,8 +77,8 @@ def test_torch_state_dict_file_nested_and_prefixed(image_h5, tmp_path):
     report = target.init_weights_from(tmp_path / "weights.pth")
 
     assert report.unexpected == ["extra.weight"] and not report.shape_mismatched
-    assert len(report.loaded) == len(source.net.state_dict())
-    torch.testing.assert_close(target.net.state_dict(), source.net.state_dict())
+    assert len(report.loaded) == len(source.trainer.net.state_dict())
+    torch.testing.assert_close(target.trainer.net.state_dict(), source.trainer.net.state_dict())
 
 
 @pytest.mark.torch
@@ -95,12 +97,12 @@ def test_pdparams_loads_and_objects_in_it_are_refused(image_h5, tmp_path):
     import paddle
 
     source, _ = _resnet("paddle", image_h5, num_classes=4, seed=1)
-    paddle.save(source.net.state_dict(), str(tmp_path / "model.pdparams"))
+    paddle.save(source.trainer.net.state_dict(), str(tmp_path / "model.pdparams"))
     target, _ = _resnet("paddle", image_h5, num_classes=4, seed=2)
 
     report = target.init_weights_from(tmp_path / "model.pdparams")
 
-    assert len(report.loaded) == len(source.net.state_dict()) and not report.missing
+    assert len(report.loaded) == len(source.trainer.net.state_dict()) and not report.missing
     for name, value in _arrays(source).items():
         np.testing.assert_array_equal(_arrays(target)[name], value, err_msg=name)
 

@@ -22,15 +22,16 @@ def test_a_timeout_longer_than_the_rendezvous_says_the_rendezvous_keeps_900_s(
     timeout_s, said, ocr_lmdb, monkeypatch, caplog
 ):
     from train.backends.paddle import backend as paddle_backend
+    from train.backends.paddle import runtime as paddle_runtime
 
     started = []
-    monkeypatch.setattr(paddle_backend.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(paddle_backend.dist, "init_parallel_env", lambda: started.append(1))
-    monkeypatch.setattr(paddle_backend.paddle, "set_device", lambda device: None)
+    monkeypatch.setattr(paddle_runtime.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(paddle_runtime.dist, "init_parallel_env", lambda: started.append(1))
+    monkeypatch.setattr(paddle_runtime.paddle, "set_device", lambda device: None)
     launcher_env(monkeypatch, "paddle")
     train = {"device": "cpu", "dist_timeout_s": timeout_s}
     config = make_config("paddle", "ocr", ocr_lmdb, train=train)
-    with caplog.at_level(logging.INFO, logger=paddle_backend.log.name):
+    with caplog.at_level(logging.INFO, logger=paddle_runtime.log.name):
         paddle_backend.PaddleBackend(config.task, config.train).init_distributed()
     assert started == [1]
     lines = [r.getMessage() for r in caplog.records if "rendezvous" in r.getMessage()]
@@ -49,7 +50,7 @@ def test_the_installed_paddle_still_fixes_the_rendezvous_timeout_at_900_s():
     import paddle
     from paddle.distributed import parallel
 
-    from train.backends.paddle.backend import STORE_TIMEOUT_S
+    from train.backends.paddle.runtime import STORE_TIMEOUT_S
 
     source = inspect.getsource(parallel.init_parallel_env)
     assert "core.create_or_get_global_tcp_store()" in source

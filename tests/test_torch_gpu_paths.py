@@ -24,7 +24,8 @@ from tests.test_backend_torch import run_gloo_workers  # noqa: E402
 from tests.test_distributed import free_port  # noqa: E402
 from tests.test_train import FAST, ROOT, data_overrides, set_args  # noqa: E402
 from train.backends.base import DistInfo  # noqa: E402
-from train.backends.torch import backend as torch_backend  # noqa: E402
+from train.backends.torch import state as torch_state  # noqa: E402
+from train.backends.torch import trainer as torch_trainer  # noqa: E402
 from train.backends.torch.models import FAMILIES, memory_format  # noqa: E402
 from train.errors import RunError  # noqa: E402
 
@@ -44,7 +45,7 @@ def built_as_on_cuda(config, monkeypatch):
     """A backend built as on a GPU (the seam: its device says cuda; Module.to keeps the
     weights on the CPU but applies the memory format; the pixel constants are CPU tensors)."""
     backend = start(config)
-    backend.device = torch.device("cuda", 0)
+    backend.runtime.device = torch.device("cuda", 0)
     to = torch.nn.Module.to
 
     def to_memory_format_only(module, *args, **kwargs):
@@ -54,8 +55,8 @@ def built_as_on_cuda(config, monkeypatch):
 
     monkeypatch.setattr(torch.nn.Module, "to", to_memory_format_only)
     build(backend, config, num_classes=5, total_steps=4)
-    scale, shift = backend.task.pixel_scale_shift(backend._model_spec)
-    backend._stats = (torch.from_numpy(scale), torch.from_numpy(shift))
+    scale, shift = backend.task.pixel_scale_shift(backend.batches.model_spec)
+    backend.batches._stats = (torch.from_numpy(scale), torch.from_numpy(shift))
     return backend
 
 
@@ -73,8 +74,10 @@ def test_cuda_batches_take_the_layout_of_the_models_weights(
     config = make_config("torch", task, data, data=shape, model={"name": model})
     backend = built_as_on_cuda(config, monkeypatch)
     images = torch.randint(0, 256, (2, 16, 32, 3), dtype=torch.uint8)
-    batch = backend._normalize(images)
-    conv_weights = [m.weight for m in backend.net.modules() if isinstance(m, torch.nn.Conv2d)]
+    batch = backend.batches._normalize(images)
+    conv_weights = [
+        m.weight for m in backend.trainer.net.modules() if isinstance(m, torch.nn.Conv2d)
+    ]
     if FAMILIES[family].channels_last:
         assert batch.is_contiguous(memory_format=torch.channels_last)
         assert not batch.is_contiguous()
@@ -88,7 +91,7 @@ def test_cpu_batches_are_plain_nchw(image_h5):
     config = make_config("torch", "resnet50", image_h5, data={"image_size": 32})
     backend = start(config)
     build(backend, config, num_classes=4, total_steps=4)
-    batch = backend._normalize(torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8))
+    batch = backend.batches._normalize(torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8))
     assert batch.shape == (2, 3, 32, 32) and batch.dtype == torch.float32
     assert batch.is_contiguous()
 
@@ -99,12 +102,12 @@ def test_scaler_state_to_load_for_each_change_of_train_amp(caplog):
     fp16_state |= {"growth_interval": 2000, "_growth_tracker": 7}
     with caplog.at_level("INFO"):
         # none/bf16 -> fp16: nothing saved, the enabled scaler starts fresh (and says so)
-        assert torch_backend._scaler_state_to_load({}, enabled=True) is None
+        assert torch_state._scaler_state_to_load({}, enabled=True) is None
     assert any("starts at its initial scale" in r.getMessage() for r in caplog.records)
-    assert torch_backend._scaler_state_to_load(fp16_state, enabled=True) == fp16_state
+    assert torch_state._scaler_state_to_load(fp16_state, enabled=True) == fp16_state
     # fp16 -> none/bf16, and none/bf16 -> none/bf16: the disabled scaler loads nothing
-    assert torch_backend._scaler_state_to_load(fp16_state, enabled=False) is None
-    assert torch_backend._scaler_state_to_load({}, enabled=False) is None
+    assert torch_state._scaler_state_to_load(fp16_state, enabled=False) is None
+    assert torch_state._scaler_state_to_load({}, enabled=False) is None
 
 
 def small_ocr_backend(ocr_lmdb):
@@ -125,28 +128,28 @@ def test_resume_with_fp16_from_a_checkpoint_without_scaler_state(ocr_lmdb, tmp_p
     saved.save_state(tmp_path)
     assert torch.load(tmp_path / "scaler.pt", weights_only=True) == {}
     resumed = small_ocr_backend(ocr_lmdb)
-    resumed.scaler = enabled_scaler()  # train.amp changed to fp16
+    resumed.trainer.scaler = enabled_scaler()  # train.amp changed to fp16
     resumed.load_state(tmp_path)  # GradScaler.load_state_dict({}) raised here
-    assert resumed.scaler.is_enabled() and resumed.scaler.get_scale() == 2.0**16
+    assert resumed.trainer.scaler.is_enabled() and resumed.trainer.scaler.get_scale() == 2.0**16
 
 
 def test_resume_without_fp16_from_a_checkpoint_with_scaler_state(ocr_lmdb, tmp_path):
     saved = small_ocr_backend(ocr_lmdb)
-    saved.scaler = enabled_scaler()
-    saved.scaler.scale(torch.ones(()))  # its scale starts at the first scale()
-    saved.scaler.update(new_scale=512.0)
+    saved.trainer.scaler = enabled_scaler()
+    saved.trainer.scaler.scale(torch.ones(()))  # its scale starts at the first scale()
+    saved.trainer.scaler.update(new_scale=512.0)
     saved.save_state(tmp_path)
     assert torch.load(tmp_path / "scaler.pt", weights_only=True)["scale"] == 512.0
     resumed = small_ocr_backend(ocr_lmdb)  # train.amp none or bf16: the scaler is disabled
     resumed.load_state(tmp_path)
-    assert not resumed.scaler.is_enabled() and resumed.scaler.state_dict() == {}
+    assert not resumed.trainer.scaler.is_enabled() and resumed.trainer.scaler.state_dict() == {}
 
 
 # ---------------------------------------------------------------- each rank's RNG state
 def test_rank_rng_state_picks_this_ranks_entry_or_rank_0s(caplog):
     entries = [{"torch_cpu": torch.full((4,), rank, dtype=torch.uint8)} for rank in range(2)]
     state = {**entries[0], "ranks": entries}
-    pick = torch_backend._rank_rng_state
+    pick = torch_state._rank_rng_state
     with caplog.at_level("INFO"):
         assert pick(state, DistInfo(rank=1, world_size=2)) is entries[1]
         assert pick(state, DistInfo(rank=0, world_size=2)) is entries[0]
@@ -260,10 +263,10 @@ def test_compile_without_a_compiler_fails_at_build_naming_the_fix(ocr_lmdb, monk
 def test_compile_toolchain_on_cuda_also_needs_a_c_compiler(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/gcc")
     with pytest.raises(RunError, match=r"a C compiler \(/nonexistent/gcc\)"):
-        torch_backend._check_compile_toolchain("cuda")
+        torch_trainer._check_compile_toolchain("cuda")
 
 
 def test_compile_toolchain_of_a_host_with_gcc_passes():
     if shutil.which(os.environ.get("CXX", "g++")) is None:
         pytest.skip("no C++ compiler on this host")
-    torch_backend._check_compile_toolchain("cpu")  # no error
+    torch_trainer._check_compile_toolchain("cpu")  # no error

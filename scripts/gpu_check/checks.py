@@ -218,7 +218,7 @@ def check_ring(ctx: Context, leg: str) -> dict:
 
 
 PREFETCH_NOTE = (
-    "loader.device_prefetch: on CUDA, TorchBackend.device_batches copies and normalizes the next "
+    "loader.device_prefetch: on CUDA, TorchBatches.device_batches copies and normalizes the next "
     "batch on a side stream while the step runs; 'off' is the same training run with "
     "loader.device_prefetch=false, a plain copy per batch on the compute stream. On the CPU "
     "the prefetcher never runs, so both runs take the same path there."

@@ -46,8 +46,10 @@ def host_batch(framework: str, rng: np.random.Generator) -> dict:
 def trainable(backend, framework: str) -> dict[str, np.ndarray]:
     if framework == "torch":
         # A copy: a CPU tensor's numpy() shares its memory, which the optimizer updates.
-        return {k: p.detach().cpu().numpy().copy() for k, p in backend.net.named_parameters()}
-    return {k: p.numpy() for k, p in backend.net.named_parameters() if p.trainable}
+        return {
+            k: p.detach().cpu().numpy().copy() for k, p in backend.trainer.net.named_parameters()
+        }
+    return {k: p.numpy() for k, p in backend.trainer.net.named_parameters() if p.trainable}
 
 
 def main() -> None:

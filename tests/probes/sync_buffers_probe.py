@@ -23,8 +23,8 @@ from train.config import load_config  # noqa: E402
 def running_statistics(backend, framework: str) -> list:
     """The BatchNorm running means and variances, as framework tensors."""
     if framework == "torch":
-        return [b for name, b in backend.net.named_buffers() if "running_" in name]
-    return [p for p in backend.net.parameters() if not p.trainable]
+        return [b for name, b in backend.trainer.net.named_buffers() if "running_" in name]
+    return [p for p in backend.trainer.net.parameters() if not p.trainable]
 
 
 def main() -> None:

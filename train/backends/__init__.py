@@ -1,7 +1,8 @@
 """Framework backends: the only code in the project that imports torch or paddle.
 
-``base.py`` is the contract the training loop calls; ``torch/`` and ``paddle/`` implement it;
-``common.py`` holds what both do that needs no framework. The backends are registered here,
+``base.py`` is the contract the training loop calls, five parts composed by one ``Backend``;
+``torch/`` and ``paddle/`` implement each part; ``common.py`` holds what both do that needs no
+framework. The backends are registered here,
 and only the one a config asks for is imported.
 """
 

@@ -11,8 +11,11 @@
   the CPU ignores it);
 - :func:`crnn_plan`: the CRNN, layer by layer, which both backends build (their conv stacks
   with :func:`build_layers`);
-- :class:`TicketPassingDataset`: a dataset as both loaders see it, the batch ring's tickets
-  passed through.
+- what the parts of train/backends/base.py do alike in both frameworks: :class:`RuntimeBase`
+  (ranks, seeding, out-of-memory), :class:`TicketPassingDataset` (the batch ring's tickets
+  through a loader), :class:`BatchesBase` (the model's pixel contract, labels on the host),
+  :class:`TrainerBase` (the model's mode) with :class:`StepTable` (each step's loss and flag
+  on the device), :class:`InitFrom` (model.init_from) and :class:`ExporterBase`.
 
 The weight-decay rule lives with the learning-rate curve in train/schedule.py.
 """
@@ -20,14 +23,17 @@ The weight-decay rule lives with the learning-rate curve in train/schedule.py.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from datasets.batch_ring import RingTicket
-from train import gpu_probe
-from train.backends.base import DeviceUnavailableError
+from train import gpu_probe, tasks, weights
+from train.backends.base import DeviceUnavailableError, DistInfo
 from train.doctor_gpu import no_cuda_reason, unrunnable_gpu
 from train.gpu_probe import FrameworkCuda
 from train.tasks import CrnnWidths
@@ -139,6 +145,39 @@ def amp_dtype(amp: str, on_gpu: bool) -> str | None:
     return {"fp16": "float16", "bf16": "bfloat16"}.get(amp)
 
 
+# ---------------------------------------------------------------- what the parts share
+class RuntimeBase:
+    """What each framework's Runtime does alike: the ranks it read (DistInfo), the seed, Python's
+    and numpy's generators, and which exceptions mean out of memory. A subclass adds the device,
+    the framework's generators (seed_framework) and the collectives."""
+
+    out_of_memory_errors: tuple[type[BaseException], ...] = (MemoryError,)
+    device_index: int | None = None  # the subclass's: its CUDA ordinal, None on the CPU
+
+    def __init__(self, train) -> None:
+        self.train = train  # the train: section (device, amp, profile), a TrainConfig
+        self.dist = DistInfo()  # until init_distributed reads the launcher's
+        self.seed = 0  # seed_everything's
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.device_index is not None
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        return isinstance(exc, self.out_of_memory_errors)
+
+    def seed_everything(self, seed: int, deterministic: bool) -> None:
+        self.seed = seed
+        random.seed(seed)
+        np.random.seed(seed)
+        self.seed_framework(seed, deterministic)
+
+    def seed_framework(self, seed: int, deterministic: bool) -> None:
+        """Seed the framework's generators (every device's); with deterministic, select
+        deterministic kernels."""
+        raise NotImplementedError
+
+
 class TicketPassingDataset:
     """A framework-free dataset as a framework's loader sees it, passing the RingTicket that
     datasets/batch_ring.py puts in front of each batch's indices on to RingCollate untouched:
@@ -155,6 +194,133 @@ class TicketPassingDataset:
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+
+class BatchesBase:
+    """What each framework's Batches does alike: whose pixel contract normalizes the batches
+    (the task's until a model is built, then the model's) and the label fields on the host."""
+
+    def __init__(self, task: tasks.Task, runtime: RuntimeBase) -> None:
+        self.task, self.runtime = task, runtime
+        self.model_spec: tasks.Model | None = None  # the built model's, once there is one
+        self._stats: Any = None  # the pixel scale and shift on the device, made once
+
+    def normalize_for(self, model_spec: tasks.Model) -> None:
+        self.model_spec, self._stats = model_spec, None
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def batch_labels(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {key: self.to_numpy(batch[key]) for key in self.task.label_keys}
+
+
+class StepTable:
+    """The (loss, nonfinite) row of each train step since the last read, kept on the device in
+    a table that doubles when full: writing a row is device work, not a host read, and read()
+    is the one device-to-host transfer of a logging window. ``zeros(rows, like)`` makes a
+    float32 [rows, 2] table on ``like``'s device, ``row(loss, nonfinite)`` one row."""
+
+    def __init__(self, zeros: Callable[[int, Any], Any], row: Callable[[Any, Any], Any]) -> None:
+        self._zeros, self._row = zeros, row
+        self._table: Any = None
+        self._recorded = 0  # rows since the last read
+
+    def record(self, loss: Any, nonfinite: Any) -> None:
+        table = self._table
+        if table is None or self._recorded == table.shape[0]:
+            grown = self._zeros(max(64, 2 * self._recorded), loss)
+            if table is not None:
+                grown[: table.shape[0]] = table
+            self._table = table = grown
+        table[self._recorded] = self._row(loss, nonfinite)
+        self._recorded += 1
+
+    def read(self) -> np.ndarray:
+        recorded, self._recorded = self._recorded, 0
+        if not recorded:
+            return np.zeros((0, 2))
+        return np.array(self._table[:recorded].tolist(), np.float64)  # the one read
+
+
+class TrainerBase:
+    """What each framework's Trainer holds alike: the bare model and the one train_step calls
+    (its data-parallel and compiled wrappers), the step table, the model's mode."""
+
+    def __init__(self, task: tasks.Task, runtime: RuntimeBase) -> None:
+        self.task, self.runtime = task, runtime
+        self.net: Any = None  # the bare model: predict, checkpoints, counting, export
+        self.model: Any = None  # what train_step calls (wrapped for data parallelism > 1 rank)
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.scaler: Any = None
+        self.steps: StepTable
+        self.head: Any = None  # the loss, decoding and probabilities of the task's loss kind
+        self._training_mode: bool | None = None
+
+    def set_training(self, training: bool) -> None:
+        if self._training_mode == training:  # train()/eval() walk every layer: only on change
+            return
+        if training:
+            self.model.train()
+        else:
+            self.model.eval()
+        self._training_mode = training
+
+    def read_steps(self) -> np.ndarray:
+        return self.steps.read()
+
+    def to_float(self, loss: Any) -> float:
+        return float(loss.item())  # a 0-d or [1] tensor in both frameworks
+
+
+class InitFrom:
+    """model.init_from for a StateIO, alike in both frameworks: train/weights.py finds the
+    source and picks the tensors whose names and shapes fit the model; the framework reads the
+    source (``read_weights``) and loads what fits, leaving the rest as built (``load_fitting``).
+    Never touches the optimizer."""
+
+    framework: str
+    trainer: TrainerBase
+
+    def read_weights(self, source: weights.WeightsSource) -> dict[str, Any]:
+        """Name -> tensor of the model in ``source`` (a checkpoint or a weights file)."""
+        raise NotImplementedError
+
+    def is_tensor(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def load_fitting(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def init_weights_from(self, path: str | Path) -> weights.InitReport:
+        source = weights.source_for(path, self.framework)
+        model = self.trainer.net.state_dict()
+        state = self.read_weights(source)
+        loaded, report = weights.select(state, model, str(source.path), self.is_tensor)
+        self.load_fitting(loaded)
+        return report
+
+
+class ExporterBase:
+    """infer and export alike in both frameworks: the bare model in evaluation mode, run on a
+    host batch (``scores``) or written by the framework's export module (``write``)."""
+
+    def __init__(self, trainer: TrainerBase, write: Callable[..., list[Path]]) -> None:
+        self.trainer, self._write = trainer, write
+
+    def scores(self, images: np.ndarray) -> np.ndarray:
+        """The bare model's float32 scores for a contiguous float32 host batch."""
+        raise NotImplementedError
+
+    def infer(self, images: np.ndarray) -> np.ndarray:
+        self.trainer.set_training(False)
+        return self.scores(np.ascontiguousarray(images))
+
+    def export(self, directory: Path, fmt: str, input_shape, pad: float | None) -> list[Path]:
+        self.trainer.set_training(False)
+        probabilities = self.trainer.head.probabilities  # the loss kind's, after the network
+        return self._write(self.trainer.net, fmt, directory, input_shape, pad, probabilities)
 
 
 # ---------------------------------------------------------------- the CRNN, as a plan

@@ -18,6 +18,8 @@ import paddle
 from paddle import nn
 from paddle.static import InputSpec
 
+from train.backends.common import ExporterBase
+
 INFERENCE_PREFIX = "inference"  # inference.pdmodel / inference.pdiparams, PaddleOCR's names
 PDPARAMS_FILE = "model.pdparams"
 FORMATS = ("paddle-inference", "pdparams")
@@ -78,3 +80,17 @@ class InferenceModel:
         self.predictor.run()
         output = self.predictor.get_output_handle(self.predictor.get_output_names()[0])
         return output.copy_to_cpu()
+
+
+class PaddleExporter(ExporterBase):
+    """The Paddle backend's Exporter (train/backends/base.py): the Trainer's bare model on a
+    host batch, or written as an inference model or .pdparams (export above)."""
+
+    def __init__(self, runtime, trainer) -> None:
+        super().__init__(trainer, export)
+        self.runtime = runtime
+
+    def scores(self, images: np.ndarray) -> np.ndarray:
+        with paddle.no_grad():
+            scores = self.trainer.net(paddle.to_tensor(images, place=self.runtime.place))
+        return scores.astype("float32").numpy()

@@ -1,7 +1,7 @@
 """torch.utils.data.DataLoader over the framework-free datasets.
 
 Batches stay uint8 through worker IPC (4x fewer bytes in /dev/shm than float32) and are
-normalized on the device by the backend (TorchBackend.device_batches). Each worker runs
+normalized on the device by the backend (TorchBatches.device_batches). Each worker runs
 single-threaded: the loader already gives one process per core, and OpenCV/torch thread pools
 inside workers only fight.
 

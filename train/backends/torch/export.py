@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
+
+from train.backends.common import ExporterBase
 
 ONNX_FILE = "model.onnx"
 FORMATS = ("onnx",)
@@ -61,3 +64,17 @@ def export(
             dynamo=False,  # the TorchScript exporter: no onnxscript needed
         )
     return [path]
+
+
+class TorchExporter(ExporterBase):
+    """The torch backend's Exporter (train/backends/base.py): the Trainer's bare model on a
+    host batch, or written as ONNX (export above)."""
+
+    def __init__(self, runtime, trainer) -> None:
+        super().__init__(trainer, export)
+        self.runtime = runtime
+
+    @torch.no_grad()
+    def scores(self, images: np.ndarray) -> np.ndarray:
+        scores = self.trainer.net(torch.from_numpy(images).to(self.runtime.device))
+        return scores.float().cpu().numpy()
