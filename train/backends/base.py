@@ -249,7 +249,8 @@ class StateIO(Protocol):
 
 class Exporter(Protocol):
     """The trained model after training, for train.predict and train.export: raw scores of a
-    host batch, and the model written in a deployment format."""
+    host batch, and the model written in a deployment format. Apart from the Trainer because
+    it serves the tools that load a checkpoint and need neither loaders nor a step."""
 
     def infer(self, images: np.ndarray) -> np.ndarray:
         """The model's raw float32 scores (logits) for a normalized NCHW float32 batch on the
