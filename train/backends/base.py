@@ -258,8 +258,9 @@ class Exporter(Protocol):
 
     def export(self, directory: Path, fmt: str, input_shape, pad: float | None) -> list[Path]:
         """Write the model in the deployment format ``fmt`` into ``directory``: the network,
-        softmax after it, and (``pad`` not None, OCR) an input of exactly 0 read as ``pad``;
-        returns the files written (train.export)."""
+        its loss kind's probabilities after it (softmax, a sigmoid per tag), and (``pad`` not
+        None, OCR) an input of exactly 0 read as ``pad``; returns the files written
+        (train.export)."""
 
 
 class Backend:
