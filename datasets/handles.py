@@ -209,3 +209,17 @@ def die_with_parent(owner_pid: int) -> None:
         return
     if not owner_is_ancestor(owner_pid):  # the owner died before prctl took effect
         os._exit(1)
+
+
+def start_loader_worker(dataset: Any) -> None:
+    """First thing in a loader worker (the backends' worker_init_fn), for any dataset: a
+    dataset with ``start_worker`` (RecordDataset) ties the worker's life to its trainer's
+    itself; any other is tied to the process that started the worker. Either way the worker
+    stops holding the stop signals it was born with (stop_signals_held). A worker left holding
+    them lives through its trainer's exit: Python's exit ends daemon workers with SIGTERM and
+    waits for them, so the trainer hung at exit on a worker blocked reading its next index."""
+    start_worker = getattr(dataset, "start_worker", None)
+    if start_worker is not None:
+        start_worker()
+    else:
+        die_with_parent(os.getppid())

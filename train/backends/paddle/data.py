@@ -28,7 +28,7 @@ import paddle
 
 from datasets.batch_buffers import BatchBuffers
 from datasets.batch_ring import BatchRing, RingBatches, RingCollate, ticket_of
-from datasets.handles import stop_signals_held
+from datasets.handles import start_loader_worker, stop_signals_held
 from datasets.sampler import EpochBatchSampler, EpochSampler, WholeBatches
 from train.backends.common import LoaderKnobs, TicketPassingDataset, ring_slots, stack_samples
 from train.backends.paddle.compat import (
@@ -66,9 +66,8 @@ def whole_batch_to_tensors(batches: list[dict]) -> dict:
 
 
 def _worker_init(worker_id: int) -> None:
-    start_worker = getattr(paddle.io.get_worker_info().dataset.dataset, "start_worker", None)
-    if start_worker is not None:
-        start_worker()  # before anything slow: see datasets.handles.die_with_parent
+    # before anything slow: see datasets.handles.die_with_parent
+    start_loader_worker(paddle.io.get_worker_info().dataset.dataset)
     # A spawned worker imports paddle (to unpickle its loop) before this module: check again
     # (a forkserver started before the first loader did not get the LD_PRELOAD fix).
     check_zlib_load_order()

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from datasets.batch_buffers import BatchBuffers
 from datasets.batch_ring import BatchRing, RingBatches, RingCollate, ticket_of
-from datasets.handles import stop_signals_held
+from datasets.handles import start_loader_worker, stop_signals_held
 from datasets.sampler import EpochBatchSampler, EpochSampler, WholeBatches
 from train.backends.common import LoaderKnobs, TicketPassingDataset, ring_slots, stack_samples
 
@@ -47,9 +47,7 @@ class _RingDataset(TicketPassingDataset, torch.utils.data.Dataset):
 def _worker_init(worker_id: int) -> None:
     dataset = torch.utils.data.get_worker_info().dataset
     dataset = dataset.dataset if isinstance(dataset, _RingDataset) else dataset
-    start_worker = getattr(dataset, "start_worker", None)
-    if start_worker is not None:
-        start_worker()  # before anything slow: see datasets.handles.die_with_parent
+    start_loader_worker(dataset)  # before anything slow: see datasets.handles.die_with_parent
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
 
