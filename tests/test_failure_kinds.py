@@ -156,14 +156,11 @@ def test_native_crash_prints_every_threads_python_stack(
 
 
 @pytest.mark.paddle
-def test_a_segfault_in_a_paddle_trainer_prints_both_the_python_and_the_cpp_stacks(
-    tmp_path, ocr_lmdb
-):
+def test_a_segfault_in_a_paddle_trainer_prints_the_python_stacks_and_dies_of_it(tmp_path, ocr_lmdb):
     """SIGSEGV to a Paddle trainer at step 2: faulthandler prints every thread's Python stack on
-    stderr, then hands the signal to Paddle's handler, which prints its C++ stack and its
-    FatalError on stdout; the process dies of the signal. Paddle's handler resolves symbols as
-    it prints: where glibc's loader asserts in there (seen once on a CI host, after SIGABRT), it
-    dies with exit 127 and that message instead of its report, ours already printed."""
+    stderr and the process dies of the signal at once. Paddle's own crash handler, which its
+    import installs, never runs: called from a crash it printed nothing, died of glibc's loader
+    assertion or hung, which left the process alive past this test's two minutes."""
     run_dir = tmp_path / "crashed"
     extra = ["train.max_steps=200", "train.log_every=1"]
     cmd = train_cmd("ocr", "paddle", run_dir, extra, ocr_lmdb=ocr_lmdb)
@@ -173,13 +170,10 @@ def test_a_segfault_in_a_paddle_trainer_prints_both_the_python_and_the_cpp_stack
     wait_for_step(run_dir, process, 2)
     process.send_signal(signal.SIGSEGV)
     stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == -signal.SIGSEGV, stderr[-3000:]
     assert "Fatal Python error: Segmentation fault" in stderr, stderr[-3000:]
     assert "train/loop.py" in stderr and "in train_epoch" in stderr, stderr[-3000:]
-    if process.returncode == 127 and "Inconsistency detected by ld.so" in stdout + stderr:
-        return
-    assert process.returncode == -signal.SIGSEGV, stderr[-3000:]
-    assert "C++ Traceback (most recent call last)" in stdout, stdout[-3000:]
-    assert "FatalError: `Segmentation fault` is detected by the operating system" in stdout
+    assert "C++ Traceback" not in stdout + stderr, stdout[-3000:]
 
 
 def test_native_crash_report_does_not_need_a_real_stderr(monkeypatch):

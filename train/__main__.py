@@ -213,21 +213,26 @@ class Held:
 def report_native_crashes() -> None:
     """A crash in native code (a segfault, glibc's abort on a corrupted heap) ends the process
     with no Python traceback. faulthandler prints every thread's Python stack to stderr first,
-    so that the log says what the run was doing, then hands the signal to the handler it
-    replaced. run() re-arms it after the framework's import, because Paddle's import installs
-    its own handlers over it: on a segfault both report, faulthandler first, then Paddle's C++
-    stack. SIGABRT goes back to the default action first, so that faulthandler ends the process
-    after its report: Paddle's handler printed nothing for it, and, being no async-signal-safe
-    code, it could deadlock or trip glibc's loader (exit 127) when the abort landed inside the
-    dynamic loader (a CI host saw both). Loader workers inherit it; the frameworks install their
-    own segfault handlers there. A stderr without a file descriptor (a notebook's stream) gets
-    no report rather than a failed start."""
+    so that the log says what the run was doing; the process then dies of the signal. The fatal
+    signals go back to their default action before faulthandler is armed, so that nothing runs
+    after its report: Paddle's import installs crash handlers that print a C++ stack, but they
+    are no async-signal-safe code, and called from a crash they printed nothing, died of
+    glibc's loader assertion (exit 127) or hung past two minutes (CI hosts saw each), and a
+    crashed trainer that hangs holds its GPUs until someone kills it. run() arms it again after
+    the framework's import, which replaces it. Loader workers inherit it; the frameworks install
+    their own handlers there. A stderr without a file descriptor (a notebook's stream) gets no
+    report rather than a failed start."""
     with contextlib.suppress(ValueError):  # off the main thread: leave the handlers as they are
-        signal.signal(signal.SIGABRT, signal.SIG_DFL)
+        for fatal in FATAL_SIGNALS:
+            signal.signal(fatal, signal.SIG_DFL)
     try:
         faulthandler.enable(all_threads=True)
     except (AttributeError, OSError, RuntimeError, ValueError):
         log.debug("no native crash report: stderr has no file descriptor")
+
+
+# The signals faulthandler reports (its own list): each dies of itself after the report.
+FATAL_SIGNALS = (signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,7 +308,7 @@ def run(args, held: Held) -> int:
     local_data = stage_remote(config)
     faulthandler.disable()  # the framework's import installs its crash handlers over the defaults
     backend = make_backend(config)
-    report_native_crashes()  # over the framework's, which it calls after its own report
+    report_native_crashes()  # over the framework's crash handlers
     dist = backend.init_distributed()
     held.backend = backend
     setup_logging(None, dist.is_main)
