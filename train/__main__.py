@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import functools
 import json
 import logging
 import os
@@ -220,8 +221,16 @@ def report_native_crashes() -> None:
     glibc's loader assertion (exit 127) or hung past two minutes (CI hosts saw each), and a
     crashed trainer that hangs holds its GPUs until someone kills it. run() arms it again after
     the framework's import, which replaces it. Loader workers inherit it; the frameworks install
-    their own handlers there. A stderr without a file descriptor (a notebook's stream) gets no
-    report rather than a failed start."""
+    their own handlers there.
+
+    Arming faulthandler also gives this thread an alternate signal stack, and the stop handlers
+    need one: torch 2.6's oneDNN runs its CPU f32 GEMMs (an LSTM's, for one) with the stack
+    register pointing into a heap buffer, so a SIGTERM handled on the normal stack writes its
+    frame over the heap and glibc aborts on "corrupted size vs. prev_size" (oneDNN issue 4845,
+    fixed by its pull requests 4855 and 4859; torch 2.6 bundles oneDNN 3.5.3). CPython installs its
+    handlers with SA_ONSTACK, so the frames go to faulthandler's stack instead
+    (tests/test_signal_frames.py; docs/reliability.md). A stderr without a file descriptor (a
+    notebook's stream) gets no report, but faulthandler is armed on os.devnull for the stack."""
     with contextlib.suppress(ValueError):  # off the main thread: leave the handlers as they are
         for fatal in FATAL_SIGNALS:
             signal.signal(fatal, signal.SIG_DFL)
@@ -229,6 +238,13 @@ def report_native_crashes() -> None:
         faulthandler.enable(all_threads=True)
     except (AttributeError, OSError, RuntimeError, ValueError):
         log.debug("no native crash report: stderr has no file descriptor")
+        faulthandler.enable(file=_devnull(), all_threads=True)
+
+
+@functools.cache
+def _devnull():
+    """One open os.devnull for faulthandler (it writes to the descriptor, which must stay open)."""
+    return open(os.devnull, "w")  # noqa: SIM115 - held for the process's life
 
 
 # The signals faulthandler reports (its own list): each dies of itself after the report.
