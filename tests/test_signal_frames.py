@@ -1,11 +1,12 @@
 """Signal frames off the heap: torch 2.6's bundled oneDNN (3.5.3) runs its x86-64 f32 GEMM
 kernels with the stack register pointing into a heap workspace, so a signal handled on the
 interrupted thread's normal stack writes its frame over the heap and glibc aborts later
-("corrupted size vs. prev_size while consolidating"; oneDNN issue 4845). A compiled torch OCR
-run stopped with SIGTERM died of it now and then. The trainer's main thread handles its stop
-signals on faulthandler's alternate signal stack (train.__main__.report_native_crashes), which
-CPython's handlers use (SA_ONSTACK); tests/probes/signal_frames_probe.py reproduces both sides
-with an LSTM and a SIGUSR1 every half millisecond."""
+("corrupted size vs. prev_size while consolidating"), which a SIGTERM to a torch OCR trainer
+on the CPU can meet (https://github.com/uxlfoundation/oneDNN/issues/4845). The trainer's
+main thread handles its stop signals on faulthandler's alternate signal stack
+(train.__main__.report_native_crashes), which CPython's handlers use (SA_ONSTACK);
+tests/probes/signal_frames_probe.py reproduces both sides with an LSTM and a SIGUSR1 every
+half millisecond."""
 
 from __future__ import annotations
 

@@ -226,8 +226,9 @@ def report_native_crashes() -> None:
     Arming faulthandler also gives this thread an alternate signal stack, and the stop handlers
     need one: torch 2.6's oneDNN runs its CPU f32 GEMMs (an LSTM's, for one) with the stack
     register pointing into a heap buffer, so a SIGTERM handled on the normal stack writes its
-    frame over the heap and glibc aborts on "corrupted size vs. prev_size" (oneDNN issue 4845,
-    fixed by its pull requests 4855 and 4859; torch 2.6 bundles oneDNN 3.5.3). CPython installs its
+    frame over the heap and glibc aborts on "corrupted size vs. prev_size" (oneDNN's report:
+    https://github.com/uxlfoundation/oneDNN/issues/4845, fixed upstream after the oneDNN 3.5.3
+    that torch 2.6 bundles). CPython installs its
     handlers with SA_ONSTACK, so the frames go to faulthandler's stack instead
     (tests/test_signal_frames.py; docs/reliability.md). A stderr without a file descriptor (a
     notebook's stream) gets no report, but faulthandler is armed on os.devnull for the stack."""
