@@ -10,10 +10,13 @@ backend must do is tested once for both in test_backend_contract.py.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -167,15 +170,34 @@ class SlowDataset:
         return {"image": np.zeros((3, 4, 4), np.uint8), "label": np.int64(index)}
 
 
-def test_a_stuck_worker_raises_timeout_instead_of_hanging(ocr_lmdb):
+def test_a_stuck_worker_raises_timeout_instead_of_hanging(ocr_lmdb, monkeypatch):
+    from train.backends.paddle import compat
+
+    at_exit = []
+    exits = types.SimpleNamespace(register=lambda *call: at_exit.append(call))
+    monkeypatch.setattr(compat, "atexit", exits)
     config = ocr_config(ocr_lmdb, loader={"batch_size": 2, "num_workers": 1, "timeout_s": 2})
     sampler = EpochSampler(8, shuffle=False)
     loader = start(config).make_loader(SlowDataset(), sampler, config.loader, train=True)
+    earlier_workers = set(multiprocessing.active_children())
     began = time.perf_counter()
     with pytest.raises(TimeoutError, match="loader.timeout_s"):
         for _ in loader:
             pass
     assert time.perf_counter() - began < 15
+    # The stuck epoch's threads wait in Paddle's C++ reader until exit, where a C++ unwind
+    # during finalization aborts the process: the exit handler ends them and the worker first.
+    ((handler, *args),) = at_exit
+    workers = set(multiprocessing.active_children()) - earlier_workers
+    assert workers and threads_named("paddle-loader-pump")
+    handler(*args)
+    assert not threads_named("paddle-loader-pump")
+    assert not any(w.is_alive() for w in workers)
+    assert time.perf_counter() - began < 15
+
+
+def threads_named(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name and t.is_alive()]
 
 
 # --- CTC decoding vs PaddleOCR ---------------------------------------------------------------

@@ -17,7 +17,8 @@ The DataLoader (2.6):
 - with persistent workers, every epoch start waits in 0.5 s sleeps (_ShortPolls, patched in);
 - a non-persistent iterator leaks its worker queues' pipes (closing_pipes);
 - ``timeout`` is only the dead-worker poll interval: a hung worker stalls training forever
-  (with_deadline gives a real per-batch timeout).
+  (with_deadline gives a real per-batch timeout, and release_stuck_iterator lets the stuck
+  epoch's threads end before the interpreter does).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import zlib  # noqa: F401  (Python's zlib module: before paddle; see above)
 
 # isort: split
+import atexit
 import contextlib
 import ctypes
 import os
@@ -32,7 +34,7 @@ import queue
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def _load_system_zlib() -> None:
@@ -192,9 +194,37 @@ def closing_pipes(iterator: Iterator) -> Iterator:
 _END = object()
 
 
-def with_deadline(batches: Iterator, timeout_s: float) -> Iterator:
+def release_stuck_iterator(iterator, worker_wait_s: float = 1.0) -> None:
+    """End a multi-process Paddle iterator whose epoch timed out: its fetch thread is told to
+    stop and its blocking queue closed (so a read waiting in it ends), its workers, the hung one
+    too, are killed and then reaped.
+
+    with_deadline calls this at interpreter exit, after the run's error has named the hung
+    worker. Left alone, the threads blocked in Paddle's C++ reader were woken by the exit's own
+    worker shutdown while Python was finalizing, and a thread unwinding through C++ then ended
+    the process with "terminate called without an active exception" (SIGABRT) instead of the
+    run's exit code."""
+    # Paddle's SIGCHLD handler raises for a tracked worker killed by a signal: untrack them.
+    _paddle_loader_iter.core._erase_process_pids(id(iterator))
+    iterator._exit_thread_expectedly()
+    for worker in iterator._workers:
+        if worker.is_alive():
+            worker.kill()
+    iterator._try_shutdown_all(timeout=worker_wait_s)
+
+
+def _release_at_exit(release: Callable[[], None], pump: threading.Thread) -> None:
+    release()
+    pump.join(timeout=10.0)
+
+
+def with_deadline(
+    batches: Iterator, timeout_s: float, release: Callable[[], None] | None = None
+) -> Iterator:
     """Yield from ``batches`` (run in a pump thread); raise TimeoutError after ``timeout_s``
-    without a batch. The pump stops when the consumer stops, so no thread outlives the epoch."""
+    without a batch. The pump stops when the consumer stops, so no thread outlives the epoch;
+    after a timeout the pump is blocked in the stuck iterator, so ``release``
+    (release_stuck_iterator of the epoch's iterator) unblocks it at exit, and it is waited for."""
     handoff: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
 
@@ -237,6 +267,10 @@ def with_deadline(batches: Iterator, timeout_s: float) -> Iterator:
             yield batch
     finally:
         stop.set()
+        if stuck and release is not None:
+            # At exit, before multiprocessing's own handler (atexit runs the last registered
+            # first), so that the error reported first can name the worker as hung.
+            atexit.register(_release_at_exit, release, thread)
         if not stuck:
             # Wait (for at most one batch) until the pump lets go of Paddle's iterator, so that
             # Paddle stops its workers now and not during interpreter exit, where it would log

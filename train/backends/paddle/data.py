@@ -16,6 +16,7 @@ Paddle 2.6 here (zlib, the epoch-start poll, leaked pipes, the timeout) is in co
 from __future__ import annotations
 
 import ctypes
+import functools
 import multiprocessing
 import threading
 import weakref
@@ -34,6 +35,7 @@ from train.backends.common import LoaderKnobs, TicketPassingDataset, ring_slots,
 from train.backends.paddle.compat import (
     check_zlib_load_order,
     closing_pipes,
+    release_stuck_iterator,
     with_deadline,
     zlib_preloaded_in_new_processes,
 )
@@ -137,13 +139,15 @@ class PaddleLoader:
         with stop_signals_held():
             if self.loader.num_workers and _start_method() != "fork":
                 with zlib_preloaded_in_new_processes():
-                    batches = iter(self.loader)
+                    iterator = iter(self.loader)
             else:
-                batches = iter(self.loader)
+                iterator = iter(self.loader)
+        batches = iterator
         if self.loader.num_workers and not self.loader._persistent_workers:
             batches = closing_pipes(batches)
         if self.loader.num_workers and self.timeout_s > 0:
-            batches = with_deadline(batches, self.timeout_s)
+            release = functools.partial(release_stuck_iterator, iterator)
+            batches = with_deadline(batches, self.timeout_s, release)
         return batches
 
     def _epoch(self) -> Iterator:
