@@ -1,6 +1,7 @@
 """Crash safety: kill -9 the trainer at a random step, --resume, and the final weights equal an
 uninterrupted run's bit for bit (CPU, deterministic). Also SIGTERM: checkpoint, exit 143, no
-worker process left behind, and --resume finishes the run."""
+worker process left behind, and --auto-resume starts fresh, then finishes the run. Both
+comparisons read one uninterrupted run per task and framework, trained once for the module."""
 
 from __future__ import annotations
 
@@ -80,9 +81,12 @@ def assert_exits(process: psutil.Process, timeout: float) -> None:
         raise
 
 
-def start(task, framework, out, fixtures, *extra):
+def start(task, framework, out, fixtures, *extra, flags=()):
+    """Start a SETTINGS run (``extra`` settings, ``flags`` for python -m train); its command
+    and process."""
     ocr_lmdb, image_h5 = fixtures
-    cmd = train_cmd(task, framework, out, [*SETTINGS, *extra], ocr_lmdb=ocr_lmdb, image_h5=image_h5)
+    sets = [*SETTINGS, *extra]
+    cmd = [*train_cmd(task, framework, out, sets, ocr_lmdb=ocr_lmdb, image_h5=image_h5), *flags]
     return cmd, subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -94,11 +98,40 @@ PAIRS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, ocr_lmdb, image_h5):
+    """``straight_run(task, framework)``: the run directory of an uninterrupted SETTINGS run,
+    trained on first use and shared read-only by the tests that compare final weights with it.
+    Only its final checkpoint is written: periodic checkpoints and loader.persistent_workers
+    decide what a stopped run can resume from, not the weights a run ends with."""
+    runs: dict[tuple[str, str], Path] = {}
+
+    def get(task: str, framework: str) -> Path:
+        if (task, framework) not in runs:
+            out = tmp_path_factory.mktemp(f"straight-{task}-{framework}") / "run"
+            fixtures = (ocr_lmdb, image_h5)
+            _, process = start(task, framework, out, fixtures, "train.checkpoint_every=100000")
+            _, stderr = process.communicate(timeout=600)
+            assert process.returncode == 0, stderr[-3000:]
+            runs[(task, framework)] = out
+        return runs[(task, framework)]
+
+    return get
+
+
+def assert_same_weights(straight: Path, run: Path, framework: str, context: str) -> None:
+    a, b = final_weights(straight, framework), final_weights(run, framework)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not np.array_equal(a[k], b[k])]
+    assert different == [], f"{context}: {different[:5]}"
+
+
 @pytest.mark.parametrize("task, framework", PAIRS)
-def test_kill_9_then_resume_equals_uninterrupted_run(task, framework, tmp_path, ocr_lmdb, image_h5):
+def test_kill_9_then_resume_equals_uninterrupted_run(
+    task, framework, tmp_path, ocr_lmdb, image_h5, straight_run
+):
     fixtures = (ocr_lmdb, image_h5)
-    _, straight = start(task, framework, tmp_path / "straight", fixtures)
-    assert straight.wait(timeout=600) == 0, straight.stderr.read()[-3000:]
+    straight = straight_run(task, framework)
 
     # Seeded, the seed in the comparison's message: KILL_SEED=N reproduces a failing step.
     seed = int(os.environ.get("KILL_SEED", random.randrange(2**32)))
@@ -115,11 +148,8 @@ def test_kill_9_then_resume_equals_uninterrupted_run(task, framework, tmp_path, 
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
-    a = final_weights(tmp_path / "straight", framework)
-    b = final_weights(tmp_path / "killed", framework)
-    assert a.keys() == b.keys()
-    different = [k for k in a if not np.array_equal(a[k], b[k])]
-    assert different == [], f"killed at step {kill_at} (KILL_SEED={seed}): {different[:5]}"
+    context = f"killed at step {kill_at} (KILL_SEED={seed})"
+    assert_same_weights(straight, tmp_path / "killed", framework, context)
 
 
 def loader_workers(trainer: psutil.Process, context: str) -> list[psutil.Process]:
@@ -169,14 +199,19 @@ def test_kill_9_while_workers_start_leaves_none_behind(
 
 
 @pytest.mark.parametrize("task, framework", PAIRS)
-def test_sigterm_checkpoints_stops_workers_and_resumes(
-    task, framework, tmp_path, ocr_lmdb, image_h5
+def test_sigterm_checkpoints_stops_workers_and_auto_resumes(
+    task, framework, tmp_path, ocr_lmdb, image_h5, straight_run
 ):
+    """What a Kubernetes restart does: the same command, --auto-resume, runs again after the
+    pod was stopped (SIGTERM). The first start has no checkpoint and starts fresh; the stop
+    writes its checkpoint, exits 143 and leaves no loader worker behind; the restart continues
+    from the stop's checkpoint and ends bit for bit as the uninterrupted run."""
+    straight = straight_run(task, framework)
     # No periodic checkpoints: the one found after the stop can only be the stop's own.
     extra = ("loader.persistent_workers=true", "train.checkpoint_every=100000")
-    _, straight = start(task, framework, tmp_path / "straight", (ocr_lmdb, image_h5), *extra)
-    assert straight.wait(timeout=600) == 0, straight.stderr.read()[-3000:]
-    cmd, process = start(task, framework, tmp_path / "run", (ocr_lmdb, image_h5), *extra)
+    cmd, process = start(
+        task, framework, tmp_path / "run", (ocr_lmdb, image_h5), *extra, flags=["--auto-resume"]
+    )
     wait_for_step(tmp_path / "run", process, 5)
     workers = psutil.Process(process.pid).children(recursive=True)
     assert workers, "expected loader worker processes"
@@ -184,6 +219,7 @@ def test_sigterm_checkpoints_stops_workers_and_resumes(
     code = process.wait(timeout=120)
     stderr = process.stderr.read()
     assert code == 143, stderr[-3000:]
+    assert "no checkpoint in" in stderr  # the first start started fresh
     assert "SIGTERM received" in stderr and "--resume" in stderr
     time.sleep(1.0)
     alive = [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
@@ -191,22 +227,15 @@ def test_sigterm_checkpoints_stops_workers_and_resumes(
     stopped = int(re.search(r"stopped by SIGTERM at step (\d+)", stderr).group(1))
     saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
     assert saved == [f"step-{stopped:08d}"] and stopped >= 5, (saved, stopped)
-    resumed = subprocess.run(
-        [*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"step-{stopped:08d} (epoch" in resumed.stderr  # continued from the stop's checkpoint
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    # Continued from the stop's checkpoint.
+    assert re.search(rf"resumed from \S+step-{stopped:08d} \(epoch", again.stderr), again.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == STEPS
     # The stop's checkpoint holds all a run needs: the resumed run ends bit for bit as the
     # uninterrupted one (a broken SIGTERM save fails here, not only a missing one).
-    a, b = (
-        final_weights(tmp_path / "straight", framework),
-        final_weights(tmp_path / "run", framework),
-    )
-    assert a.keys() == b.keys()
-    different = [k for k in a if not np.array_equal(a[k], b[k])]
-    assert different == [], f"stopped at step {stopped}: {different[:5]}"
+    assert_same_weights(straight, tmp_path / "run", framework, f"stopped at step {stopped}")
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, ocr_lmdb, image_h5):
@@ -219,31 +248,6 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, ocr_lmdb, image_h5
     )
     assert result.returncode == 4 and "no checkpoint in" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-@pytest.mark.parametrize("task, framework", PAIRS)
-def test_auto_resume_is_one_command_for_the_first_start_and_every_restart(
-    task, framework, tmp_path, ocr_lmdb, image_h5
-):
-    """What a Kubernetes restart does: the same command, --auto-resume, runs again after the
-    pod was stopped (SIGTERM). The first start has no checkpoint and starts fresh."""
-    cmd = [
-        *train_cmd(
-            task, framework, tmp_path / "run", SETTINGS, ocr_lmdb=ocr_lmdb, image_h5=image_h5
-        ),
-        "--auto-resume",
-    ]
-    first = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    wait_for_step(tmp_path / "run", first, 5)
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=120) == 143
-    assert "no checkpoint in" in first.stderr.read()  # started fresh
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stderr
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == STEPS
 
 
 def _has(module: str) -> bool:
