@@ -145,28 +145,9 @@ def rewind_to(out: Path, step: int) -> None:
     (checkpoints / "latest").write_text(f"step-{step:08d}\n")
 
 
-RESHARD_CASES = [
-    pytest.param("torch", 1, marks=pytest.mark.torch),
-    pytest.param("torch", 3, marks=pytest.mark.torch),
-    pytest.param("paddle", 1, marks=pytest.mark.paddle),
-]
-
-
-@pytest.mark.parametrize("framework, new_world", RESHARD_CASES)
-def test_resume_on_another_world_size_continues_the_same_training(
-    framework, new_world, tmp_path, ocr_lmdb, image_h5
-):
-    """A 2-rank run of 2 epochs over 24 samples (global batch 4: 6 steps an epoch), stopped at
-    step 3 (half of epoch 0 read), resumes on 1 rank (global batch 2) or 3 ranks (6): the step
-    count converts (3 -> 6 or 2), the rest of epoch 0 is read once (6 or 2 more steps) and
-    epoch 1 whole, the run ends at 2 epochs (24 or 8 steps), and the learning rate after the
-    same samples equals the 2-rank run's (cosine over the run, no warmup)."""
-    if framework == "paddle":
-        import paddle
-
-        if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
-            pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
-    sets = [
+def reshard_settings(framework: str, ocr_lmdb, image_h5) -> list[str]:
+    """2 epochs of 24 samples at 2 per rank, a checkpoint every 3 steps, cosine LR, no warmup."""
+    return [
         f"framework={framework}",
         *data_overrides("resnet50", ocr_lmdb, image_h5),
         "data.image_size=32",
@@ -180,8 +161,48 @@ def test_resume_on_another_world_size_continues_the_same_training(
         "train.keep_last=10",
         "optim.warmup_steps=0",
     ]
-    first = tmp_path / "two-ranks"
-    launch(framework, 2, first, sets, tmp_path / "logs-2")
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory, ocr_lmdb, image_h5):
+    """``two_rank_run(framework)``: the run directory of a finished 2-rank reshard_settings run,
+    trained on first use; the resume tests copy it and never write to it."""
+    runs: dict[str, Path] = {}
+
+    def get(framework: str) -> Path:
+        if framework not in runs:
+            root = tmp_path_factory.mktemp(f"two-ranks-{framework}")
+            sets = reshard_settings(framework, ocr_lmdb, image_h5)
+            launch(framework, 2, root / "run", sets, root / "logs")
+            runs[framework] = root / "run"
+        return runs[framework]
+
+    return get
+
+
+RESHARD_CASES = [
+    pytest.param("torch", 1, marks=pytest.mark.torch),
+    pytest.param("torch", 3, marks=pytest.mark.torch),
+    pytest.param("paddle", 1, marks=pytest.mark.paddle),
+]
+
+
+@pytest.mark.parametrize("framework, new_world", RESHARD_CASES)
+def test_resume_on_another_world_size_continues_the_same_training(
+    framework, new_world, tmp_path, ocr_lmdb, image_h5, two_rank_run
+):
+    """A 2-rank run of 2 epochs over 24 samples (global batch 4: 6 steps an epoch), stopped at
+    step 3 (half of epoch 0 read), resumes on 1 rank (global batch 2) or 3 ranks (6): the step
+    count converts (3 -> 6 or 2), the rest of epoch 0 is read once (6 or 2 more steps) and
+    epoch 1 whole, the run ends at 2 epochs (24 or 8 steps), and the learning rate after the
+    same samples equals the 2-rank run's (cosine over the run, no warmup)."""
+    if framework == "paddle":
+        import paddle
+
+        if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+            pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
+    sets = reshard_settings(framework, ocr_lmdb, image_h5)
+    first = two_rank_run(framework)  # one 2-rank run for every new world size
     assert [r["step"] for r in records(first, "epoch")] == [6, 12]
 
     resumed = tmp_path / f"resumed-on-{new_world}"
