@@ -70,8 +70,8 @@ class Plan:
     warmup_steps: int  # the first logging window of a throughput run, left out of its figure
     measure_steps: int  # the steps a throughput figure is measured over
     smoke_steps: tuple[int, int]  # first run, then --resume up to the second
-    # The dry-run's smoke runs train on the small validation split: a batch or two seen again and
-    # again, so that 6 CPU steps show the loss falling (on a fresh batch each step they may not).
+    # The dry-run's smoke runs train on the small validation split: one batch seen again and
+    # again, so that 3 CPU steps show the loss falling (on a fresh batch each step they may not).
     smoke_split: str
     smoke_sets: dict[str, tuple[str, ...]]
     amp_steps: int
@@ -134,39 +134,49 @@ GPU_PLAN = Plan(
 )
 _TINY = ("loader.batch_size=8", "optim.warmup_steps=1")
 _TINY_IMAGES = ("data.image_size=32", "data.eval_resize=36")
-_DRY_WARMUP, _DRY_MEASURE = 2, 4
+# The dry-run's throughput runs: one warm-up window and two measured steps, the fewest that
+# still give a median, a measured window after the warm-up one and a step to compare with. Every
+# child process pays 2-4 CPU seconds of imports, model build, checkpoint and plots whatever its
+# steps (a tiny step takes 0.05-0.5 s), so its steps are cut to what its checks read.
+_DRY_WARMUP, _DRY_MEASURE = 1, 2
+_DRY_OCR_BATCH = 8
 DRY_PLAN = Plan(
     gpu=False,
     jobs=2,
     setup_budget_s=240.0,
     budget_s=360.0,
     run_timeout_s=150.0,
-    ocr_lines=160,
+    # 64 lines: 56 train (the ring runs' 3 steps of 8 and 4 more), 8 val, one batch of the smoke
+    # and AMP OCR runs, so that every evaluation reads one batch
+    ocr_lines=lines_for(_DRY_OCR_BATCH, _DRY_WARMUP + _DRY_MEASURE),
     images_train=48,
     images_val=16,
     classes=4,
     warmup_steps=_DRY_WARMUP,
     measure_steps=_DRY_MEASURE,
-    smoke_steps=(4, 6),
+    # Checkpoint at 2, --resume to 3: the GPU plan's shape (a checkpoint and an evaluation in
+    # the first leg, the resumed leg ends on its final checkpoint), the loss over 3 logged steps.
+    smoke_steps=(2, 3),
     smoke_split="val",
     smoke_sets={
         "ocr": (
             *_TINY,
             "loader.num_workers=1",
-            "train.log_every=2",
-            "train.eval_every=4",
-            "train.checkpoint_every=4",
+            "train.log_every=1",
+            "train.eval_every=2",
+            "train.checkpoint_every=2",
         ),
         "resnet50": (
             "loader.batch_size=16",  # the whole validation file: one batch per epoch
             "optim.warmup_steps=1",
             *_TINY_IMAGES,
             "loader.num_workers=1",
-            "train.log_every=2",
-            "train.eval_every=4",
-            "train.checkpoint_every=4",
+            "train.log_every=1",
+            "train.eval_every=2",
+            "train.checkpoint_every=2",
         ),
     },
+    # The fewest the config loader allows (optim.warmup_steps 1 must be below max_steps).
     amp_steps=2,
     amp_sets={
         "ocr": (*_TINY, "loader.num_workers=1", "train.log_every=1"),
@@ -175,10 +185,10 @@ DRY_PLAN = Plan(
     bench_sets=("model.name=resnet18", *_TINY_IMAGES),
     bench_batch=4,
     ocr_bench_sets=("data.image_shape=[3,32,160]", "model.name=crnn_tiny"),
-    ocr_bench_batch=8,
+    ocr_bench_batch=_DRY_OCR_BATCH,
     ocr_bench_workers=1,
     finetune_steps=2,
-    finetune_sets=("loader.batch_size=2", "loader.num_workers=1", "train.log_every=1"),
+    finetune_sets=("loader.batch_size=4", "loader.num_workers=1", "train.log_every=1"),
     dist_steps=3,
     compile_env={"torch": {"TORCHDYNAMO_DISABLE": "1"}},
 )
