@@ -136,7 +136,7 @@ _TINY = ("loader.batch_size=8", "optim.warmup_steps=1")
 _TINY_IMAGES = ("data.image_size=32", "data.eval_resize=36")
 # The dry-run's throughput runs: one warm-up window and two measured steps, the fewest that
 # still give a median, a measured window after the warm-up one and a step to compare with. Every
-# child process pays 2-4 CPU seconds of imports, model build, checkpoint and plots whatever its
+# child process pays 2-5 CPU seconds of imports, model build, checkpoint and plots whatever its
 # steps (a tiny step takes 0.05-0.5 s), so its steps are cut to what its checks read.
 _DRY_WARMUP, _DRY_MEASURE = 1, 2
 _DRY_OCR_BATCH = 8
