@@ -17,16 +17,20 @@ FRAMEWORKS = [
     pytest.param("paddle", marks=pytest.mark.paddle),
     pytest.param("torch", marks=pytest.mark.torch),
 ]
-# 24 x 224 x 224 x 3 uint8 = 3.6 MB per batch; x (2 workers x prefetch 6 + 2) x 1.5 = 76 MB > 64.
+# 24 x 112 x 112 x 3 uint8 = 0.9 MB per batch; x (2 workers x prefetch 30 + 2) x 1.5 = 84 MB > 64.
+# Many small batches in flight overflow /dev/shm as a few large ones would, for a quarter of
+# the compute per step; adapt's prefetch_factor=1 then needs 5 MB. Two steps, an evaluation
+# and a checkpoint carry the adapted run's batches through the 64 MB /dev/shm.
 OVERFLOW = [
-    "data.image_size=224",
-    "data.eval_resize=256",
+    "data.image_size=112",
+    "data.eval_resize=128",
     "loader.batch_size=24",
-    "loader.prefetch_factor=6",
-    "train.max_steps=4",
-    "train.eval_every=4",
-    "train.checkpoint_every=4",
+    "loader.prefetch_factor=30",
+    "train.max_steps=2",
+    "train.eval_every=2",
+    "train.checkpoint_every=2",
     "train.log_every=1",
+    "optim.warmup_steps=1",
 ]
 
 
@@ -74,10 +78,11 @@ def test_policy_adapt_finishes_with_a_loud_warning(framework, tmp_path, ocr_lmdb
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tmp_path, image_h5):
-    """/dev/shm holds 50 MB that a killed Paddle run left behind, and a batch ring slot (1 MB)
+    """/dev/shm holds 60 MB that a killed Paddle run left behind, and a batch ring slot (1 MB)
     of a killed trainer. Without the sweep this run would stop with exit 5: the free space
-    before it is below the run's need. The doctor, run first, counts the two files as free and
-    says so. A young Paddle file and one of a live process stay."""
+    before it (1 MiB) is below the run's need (8 MiB at the default prefetch). The doctor, run
+    first, counts the two files as free and says so. A young Paddle file and one of a live
+    process stay."""
     finished = subprocess.Popen(["true"])
     finished.wait()
     dead = finished.pid
@@ -85,7 +90,7 @@ def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tm
     cmd = train_cmd("resnet50", framework, tmp_path / "run", fits_when_clean, image_h5=image_h5)
     plant = " && ".join(
         [
-            f"head -c 50M /dev/zero > /dev/shm/paddle_{dead}_7_11",
+            f"head -c 60M /dev/zero > /dev/shm/paddle_{dead}_7_11",
             f"touch -d '1 hour ago' /dev/shm/paddle_{dead}_7_11",
             f"head -c 1M /dev/zero > /dev/shm/paddle_{dead}_8_12",  # young: may be in flight
             "head -c 1M /dev/zero > /dev/shm/paddle_1_9_13",  # pid 1 is alive
@@ -108,13 +113,13 @@ def test_batch_files_of_dead_paddle_processes_are_removed_at_start(framework, tm
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "removed 2 file(s), 51 MiB, left by processes that died" in result.stderr
+    assert "removed 2 file(s), 61 MiB, left by processes that died" in result.stderr
     need = int(re.search(r"/dev/shm: need (\d+) MiB", result.stderr).group(1))
     free_before = int(result.stdout.split("FREE:")[1].split()[0])
     assert free_before < need, result.stdout  # the start-up check's exit 5, but for the sweep
     doctor_out = result.stdout.split("FREE:")[1].split("DOCTOR-END")[0]
     shm_line = next(line for line in doctor_out.splitlines() if "/dev/shm" in line)
     assert shm_line.lstrip().startswith("PASS"), doctor_out
-    assert "counting 51 MiB in 2 file(s) that dead processes left" in shm_line, shm_line
+    assert "counting 61 MiB in 2 file(s) that dead processes left" in shm_line, shm_line
     left = result.stdout.split("LEFT:")[-1].split()
     assert sorted(left) == sorted([f"paddle_{dead}_8_12", "paddle_1_9_13"])
