@@ -31,14 +31,32 @@ def steps_of(run_dir) -> list[str]:
     return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
 
 
+@pytest.fixture(scope="module")
+def six_step_run(tmp_path_factory, ocr_lmdb, image_h5):
+    """finished(task, framework): the directory of a 6-step run with checkpoints of steps 2, 4
+    and 6, trained once per module for both tests: the truncation test damages a copy of it,
+    the disk-full test sizes its tmpfs from its checkpoint of step 2."""
+    runs = {}
+
+    def finished(task, framework):
+        if (task, framework) not in runs:
+            run_dir = tmp_path_factory.mktemp("six") / "run"
+            first = run(task, framework, run_dir, (ocr_lmdb, image_h5), 6)
+            assert first.returncode == 0, first.stderr[-3000:]
+            runs[task, framework] = run_dir
+        return runs[task, framework]
+
+    return finished
+
+
 @pytest.mark.parametrize("task, framework", PAIRS)
 def test_truncated_newest_checkpoint_resumes_from_the_one_before(
-    task, framework, tmp_path, ocr_lmdb, image_h5
+    task, framework, tmp_path, ocr_lmdb, image_h5, six_step_run
 ):
-    """Before: json.decoder.JSONDecodeError, exit 1 (every file of the newest cut to 100 bytes)."""
+    """Every file of the newest checkpoint cut to 100 bytes: the resume falls back to the one
+    before, where a plain load would die of json.decoder.JSONDecodeError (exit 1)."""
     run_dir, fixtures = tmp_path / "run", (ocr_lmdb, image_h5)
-    first = run(task, framework, run_dir, fixtures, 6)
-    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(six_step_run(task, framework), run_dir)
     newest = run_dir / "checkpoints" / "step-00000006"
     for file in newest.iterdir():
         os.truncate(file, 100)
@@ -86,12 +104,11 @@ def small_tmpfs(path, size_bytes: int):
 
 @pytest.mark.parametrize("task, framework", PAIRS)
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
-    task, framework, tmp_path, ocr_lmdb, image_h5
+    task, framework, tmp_path, ocr_lmdb, image_h5, six_step_run
 ):
     fixtures = (ocr_lmdb, image_h5)
-    probe = run(task, framework, tmp_path / "probe", fixtures, 3)
-    assert probe.returncode == 0, probe.stderr[-3000:]
-    one = sum(f.stat().st_size for f in (tmp_path / "probe/checkpoints/step-00000002").iterdir())
+    sized = six_step_run(task, framework) / "checkpoints/step-00000002"
+    one = sum(f.stat().st_size for f in sized.iterdir())
     # Room for two checkpoints and the logs, not for a third.
     with small_tmpfs(tmp_path / "small", int(2.5 * one) + (1 << 20)) as disk:
         run_dir = disk / "run"
