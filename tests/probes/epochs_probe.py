@@ -1,14 +1,18 @@
-"""100 short epochs with non-persistent workers over an LMDB: report the trainer's open file
-descriptors and child processes before and after (resource hygiene).
+"""Short epochs with non-persistent workers over an LMDB, with every core kept busy: report the
+trainer's open file descriptors and child processes after epoch 10 and after the last (resource
+hygiene).
 
   python tests/probes/epochs_probe.py FRAMEWORK OCR_LMDB CHARSET EPOCHS
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +25,34 @@ from datasets.dataset import build_ocr_dataset  # noqa: E402
 from datasets.ocr_transforms import CharDict  # noqa: E402
 from datasets.sampler import EpochSampler  # noqa: E402
 from train.backends.common import LoaderKnobs  # noqa: E402
+
+
+@contextlib.contextmanager
+def every_core_kept_busy():
+    """One spinning process per core for the duration: Paddle's descriptors can grow only when
+    the host is loaded (its pipes close late), so the epochs run under load. Yields the
+    spinners, which the counts below pause: counting needs no load, and the cores are shared."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    try:
+        yield spinners
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+@contextlib.contextmanager
+def paused(processes):
+    for process in processes:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGCONT)
 
 
 def settled_fd_count(timeout_s: float = 5.0) -> int:
@@ -50,24 +82,27 @@ def main() -> None:
         loader = make_loader(dataset, sampler, LoaderKnobs(batch_size=8, num_workers=2))
     me = psutil.Process()
     counts = []
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for _ in loader:
-            pass
-        if epoch in (min(10, epochs - 2), epochs - 1):  # after warm-up: lazily opened files
-            counts.append(
-                {
-                    "fds": settled_fd_count(),
-                    "children": len(
-                        [
-                            c
-                            for c in me.children()
-                            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE
-                        ]
-                    ),
-                }
-            )
+    with every_core_kept_busy() as spinners:
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            for _ in loader:
+                pass
+            if epoch in (min(10, epochs - 2), epochs - 1):  # after warm-up: lazily opened files
+                with paused(spinners):
+                    counts.append({"fds": settled_fd_count(), "children": children(me, spinners)})
     print(json.dumps({"after_epoch_10": counts[0], "after_last": counts[1], "epochs": epochs}))
+
+
+def children(me: psutil.Process, spinners) -> int:
+    """Live child processes other than the spinners: loader workers left behind."""
+    spinning = {spinner.pid for spinner in spinners}
+    return len(
+        [
+            c
+            for c in me.children()
+            if c.pid not in spinning and c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+        ]
+    )
 
 
 if __name__ == "__main__":
