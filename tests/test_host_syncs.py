@@ -29,6 +29,14 @@ FRAMEWORKS = [
 READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
 
 
+# Small inputs (OCR lines 160 wide, ResNet-18 on 32 pixels): host reads and the NaN steps'
+# effects do not depend on the image size, the steps' cost does.
+SMALL_IMAGES = {
+    "ocr": {"image_shape": [3, 32, 160]},
+    "classification": {"image_size": 32, "eval_resize": 32},
+}
+
+
 @pytest.fixture(params=FRAMEWORKS)
 def framework(request) -> str:
     return request.param
@@ -122,7 +130,8 @@ def test_train_steps_read_nothing_and_skip_nan_steps_on_the_device(
     BatchNorm statistics and optimizer state end bit for bit as those of a twin that trained
     on the six good batches alone (constant LR): the NaN steps changed nothing. Before, each
     step read its finite flag on the host (8 reads)."""
-    config = make_config(framework, task, ocr_lmdb if task == "ocr" else image_h5, optim=optim)
+    data = ocr_lmdb if task == "ocr" else image_h5
+    config = make_config(framework, task, data, optim=optim, data=SMALL_IMAGES[task])
     bad = {0, 4}
     good_only = start(config)
     batches, num_classes = first_batches(good_only, config, 8)
@@ -164,7 +173,9 @@ def test_the_loop_reads_the_device_once_per_logging_window(
     from train.stops import StopFlag
 
     overrides = {"max_steps": 12, "log_every": 4, "eval_every": 100, "checkpoint_every": 100}
-    config = make_config(framework, "ocr", ocr_lmdb, train={"device": "cpu", **overrides})
+    config = make_config(
+        framework, "ocr", ocr_lmdb, train={"device": "cpu", **overrides}, data=SMALL_IMAGES["ocr"]
+    )
     backend = start(config)
     monkeypatch.setattr(loop, "install_stop_handler", StopFlag)  # the test's own signals
     read_steps = type(backend).read_steps
