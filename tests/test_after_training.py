@@ -51,18 +51,32 @@ def held_out(tmp_path_factory) -> Path:
     return path
 
 
-def _train(task, framework, out, ocr_lmdb, image_h5, held_out) -> Path:
-    extra = [f"data.val={held_out}"] if task == "ocr" else []
+# The torch runs only need a best checkpoint to export and compare against: one evaluation
+# and one checkpoint, on ResNet inputs of 32 pixels (its checkpoint is as large at any size).
+SHORT = ["train.max_steps=6", "train.eval_every=6", "train.checkpoint_every=6"]
+SMALL_RESNET = ["data.image_size=32", "data.eval_resize=36"]
+
+
+def _train(task, framework, out, ocr_lmdb, image_h5, held_out, extra=()) -> Path:
+    extra = [*([f"data.val={held_out}"] if task == "ocr" else []), *extra]
     result = run_train(task, framework, out, extra=extra, ocr_lmdb=ocr_lmdb, image_h5=image_h5)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
 
+@pytest.fixture(scope="module")
+def paddle_ocr_run(tmp_path_factory, ocr_lmdb, image_h5, held_out) -> Path:
+    """One 12-step Paddle OCR smoke run that both Paddle export tests read (neither changes
+    its checkpoints)."""
+    out = tmp_path_factory.mktemp("paddle_ocr") / "run"
+    return _train("ocr", "paddle", out, ocr_lmdb, image_h5, held_out)
+
+
 @pytest.mark.paddle
 def test_paddleocr_text_recognizer_runs_the_export_as_predict_does(
-    tmp_path, ocr_lmdb, image_h5, held_out
+    tmp_path, paddle_ocr_run, held_out
 ):
-    run = _train("ocr", "paddle", tmp_path / "run", ocr_lmdb, image_h5, held_out)
+    run = paddle_ocr_run
     evaluated = json.loads(_cli("train.evaluate", "--run", run).stdout)
     assert evaluated["checkpoint"] == str(run / "best") and evaluated["samples"] == 24
     assert sum(v["samples"] for v in evaluated["acc_by_length"].values()) == 24
@@ -115,10 +129,10 @@ def test_paddleocr_text_recognizer_runs_the_export_as_predict_does(
 
 
 @pytest.mark.paddle
-def test_pdparams_export_loads_with_paddle_load(tmp_path, ocr_lmdb, image_h5, held_out):
+def test_pdparams_export_loads_with_paddle_load(tmp_path, ocr_lmdb, paddle_ocr_run):
     import paddle
 
-    run = _train("ocr", "paddle", tmp_path / "run", ocr_lmdb, image_h5, held_out)
+    run = paddle_ocr_run
     export = tmp_path / "export"
     _cli("train.export", "--run", run, "--format", "pdparams", "--out", export)
     state = paddle.load(str(export / "model.pdparams"))
@@ -135,7 +149,8 @@ def test_pdparams_export_loads_with_paddle_load(tmp_path, ocr_lmdb, image_h5, he
 def test_onnx_export_gives_the_checkpoints_argmax(task, tmp_path, ocr_lmdb, image_h5, held_out):
     import onnxruntime
 
-    run = _train(task, "torch", tmp_path / "run", ocr_lmdb, image_h5, held_out)
+    short = [*SHORT, *(SMALL_RESNET if task == "resnet50" else [])]
+    run = _train(task, "torch", tmp_path / "run", ocr_lmdb, image_h5, held_out, short)
     export = tmp_path / "export"
     _cli("train.export", "--run", run, "--format", "onnx", "--out", export)
     spec, labels = inference.read_contract(export)
