@@ -196,7 +196,6 @@ def test_fine_tuning_from_the_released_weights_with_a_new_dictionary_renews_only
         "loader.num_workers=0",
         "train.max_steps=2",
         "optim.warmup_steps=1",
-        "train.eval_every=2",
         "train.checkpoint_every=2",
     ]
     cmd = [sys.executable, "-m", "train", "--config", FINETUNE_CONFIGS[framework]]
@@ -265,14 +264,13 @@ def test_a_fine_tuned_ppocrv4_exports_to_an_inference_model_paddleocr_reads(
     run_dir, export = tmp_path / "run", tmp_path / "export"
     sets = [
         f"data.train={ocr_lmdb}",
-        f"data.val={ocr_lmdb}",
+        "data.val=null",  # exported from its latest checkpoint: no evaluation needed
         f"data.char_dict={weights_dir / 'ppocr_keys.txt'}",
         f"model.init_from={weights_dir / 'ppocrv4_rec.pdparams'}",
         "loader.batch_size=4",
         "loader.num_workers=0",
         "train.max_steps=2",
         "optim.warmup_steps=1",
-        "train.eval_every=2",
         "train.checkpoint_every=2",
     ]
     cmd = [sys.executable, "-m", "train", "--config", FINETUNE_CONFIGS["paddle"]]
