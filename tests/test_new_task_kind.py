@@ -17,7 +17,7 @@ import pytest
 
 from datasets.hdf5_images import Hdf5TagSource
 from datasets.synthetic import IMAGENET_TAG_NAMES, imagenet_tags
-from tests.test_after_training import _cli, _predictions
+from tests.test_after_training import SHORT, SMALL_RESNET, _cli, _predictions
 from tests.test_train import ROOT, run_train
 from train import inference, tasks
 from train.metrics import MultiLabelMetric
@@ -113,7 +113,9 @@ def test_tag_decoding_names_the_tags_above_one_half():
 @pytest.mark.parametrize("framework, fmt", EXPORTS)
 def test_tagging_trains_evaluates_exports_and_predicts(framework, fmt, tmp_path, image_h5):
     run = tmp_path / "run"
-    result = run_train("tagging", framework, run, image_h5=image_h5)
+    # A short run on small images: one evaluation and the checkpoint it makes best.
+    extra = [*SHORT, *SMALL_RESNET]
+    result = run_train("tagging", framework, run, extra=extra, image_h5=image_h5)
     assert result.returncode == 0, result.stderr[-3000:]
     tag_count = len(IMAGENET_TAG_NAMES)
 
