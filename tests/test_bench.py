@@ -206,7 +206,9 @@ def _instructions(tmp_path: Path, task: str) -> dict:
     if shutil.which("valgrind") is None:
         pytest.skip("valgrind is not installed (apt-get install valgrind)")
     out = tmp_path / f"instructions-{task}.json"
-    command = [sys.executable, "-m", "bench.instructions", "--task", task, "--items", "64"]
+    # Two batches of 16: the per-sample counts and the peer's ratio come out within 1% of
+    # those over 64 items (ResNet: 2.067 against 2.066); the shape of the report is the test.
+    command = [sys.executable, "-m", "bench.instructions", "--task", task, "--items", "32"]
     command += ["--batch-size", "16", "--passes", "1", "--out", str(out)]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
