@@ -30,6 +30,16 @@ CONTAINER_ROOTS = ("OCR_DATA_DIR", "RESNET50_DATA_DIR", "RUNS_ROOT", "CACHE_ROOT
 for _name in CONTAINER_ROOTS:
     os.environ.pop(_name, None)
 
+# One OpenMP thread per process, unless the caller chose: the suite's two halves already fill the
+# cores side by side, each with training subprocesses and loader workers, and a second OpenMP
+# thread per process only spins waiting for a core (Paddle's ResNet-18 step on a loaded 2-core
+# host: 2.1 CPU-s with two threads, 0.8 s with one). Set here, before a framework is imported,
+# so the tests' own processes and the trainings they start inherit it. The torch trainer sets
+# its thread count itself (set_cpu_threads), so only Paddle's CPU kernels and in-process tests
+# change; what the tests assert does not depend on the number of compute threads
+# (docs/testing.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     """Skip framework tests whose framework is absent, unless TEST_FRAMEWORK says it must be
