@@ -4,8 +4,9 @@ Markdown table, into its work folder); every key the GPU run prints is there, nu
 cannot measure it, and every check is "ok" (docs/first_gpu_run.md says what each one means).
 
 The dry-run uses both venvs itself (.venv-torch and .venv-paddle, as make setup leaves them), so
-it runs once per `make test`: in the torch half, skipped in the Paddle half. The plan's pure
-parts (which Paddle build a GPU gets, the sampler's figures) are tested in both halves.
+it runs once per `make test`: in the Paddle half, skipped in the torch half (the longer one: the
+dry run's 70 s balance the two). The plan's pure parts (which Paddle build a GPU gets, the
+sampler's figures) are tested in both halves.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ from scripts.gpu_check.setup import paddle_order
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PYTHONS = [ROOT / ".venv-torch" / "bin" / "python", ROOT / ".venv-paddle" / "bin" / "python"]
 MISSING = [str(p.relative_to(ROOT)) for p in VENV_PYTHONS if not p.exists()]
-IN_PADDLE_HALF = os.environ.get("TEST_FRAMEWORK") == "paddle" or (
+IN_TORCH_HALF = os.environ.get("TEST_FRAMEWORK") == "torch" or (
     not os.environ.get("TEST_FRAMEWORK")
-    and Path(sys.prefix).resolve() == (ROOT / ".venv-paddle").resolve()
+    and Path(sys.prefix).resolve() == (ROOT / ".venv-torch").resolve()
 )
 
 dry_run = [
     pytest.mark.skipif(bool(MISSING), reason=f"needs both venvs (make setup): {MISSING} missing"),
     pytest.mark.skipif(
-        IN_PADDLE_HALF, reason="runs once, in the torch half of make test (it uses both venvs)"
+        IN_TORCH_HALF, reason="runs once, in the Paddle half of make test (it uses both venvs)"
     ),
 ]
 
