@@ -61,7 +61,7 @@ def paddle_probe(ocr_tree, image_h5, tmp_path_factory):
 
 
 def check_opens(result: dict, case: str) -> None:
-    epochs, workers = 3, 2
+    epochs, workers = 2, 2  # the probe's EPOCHS and WORKERS
     files = 2 if case.startswith("ocr") else 1
     parent = str(result["parent"])
     by_pid = collections.defaultdict(list)

@@ -19,7 +19,9 @@ from datasets.ocr_transforms import CharDict  # noqa: E402
 from datasets.sampler import EpochSampler  # noqa: E402
 from train.backends.common import LoaderKnobs  # noqa: E402
 
-EPOCHS = 3
+# Two epochs tell the cases apart: persistent workers are the same two processes in both,
+# fresh ones four; a third epoch only starts more workers (a spawned one imports the framework).
+EPOCHS = 2
 WORKERS = 2
 
 
