@@ -6,6 +6,7 @@ Real `python -m train` processes, both frameworks."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -36,15 +37,13 @@ def six_step_run(tmp_path_factory, ocr_lmdb, image_h5):
     """finished(task, framework): the directory of a 6-step run with checkpoints of steps 2, 4
     and 6, trained once per module for both tests: the truncation test damages a copy of it,
     the disk-full test sizes its tmpfs from its checkpoint of step 2."""
-    runs = {}
 
+    @functools.cache
     def finished(task, framework):
-        if (task, framework) not in runs:
-            run_dir = tmp_path_factory.mktemp("six") / "run"
-            first = run(task, framework, run_dir, (ocr_lmdb, image_h5), 6)
-            assert first.returncode == 0, first.stderr[-3000:]
-            runs[task, framework] = run_dir
-        return runs[task, framework]
+        run_dir = tmp_path_factory.mktemp("six") / "run"
+        first = run(task, framework, run_dir, (ocr_lmdb, image_h5), 6)
+        assert first.returncode == 0, first.stderr[-3000:]
+        return run_dir
 
     return finished
 

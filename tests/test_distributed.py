@@ -4,6 +4,7 @@ python -m paddle.distributed.launch (DataParallel + gloo)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -167,17 +168,15 @@ def reshard_settings(framework: str, ocr_lmdb, image_h5) -> list[str]:
 def two_rank_run(tmp_path_factory, ocr_lmdb, image_h5):
     """``two_rank_run(framework)``: the run directory of a finished 2-rank reshard_settings run,
     trained on first use; the resume tests copy it and never write to it."""
-    runs: dict[str, Path] = {}
 
-    def get(framework: str) -> Path:
-        if framework not in runs:
-            root = tmp_path_factory.mktemp(f"two-ranks-{framework}")
-            sets = reshard_settings(framework, ocr_lmdb, image_h5)
-            launch(framework, 2, root / "run", sets, root / "logs")
-            runs[framework] = root / "run"
-        return runs[framework]
+    @functools.cache
+    def train(framework: str) -> Path:
+        root = tmp_path_factory.mktemp(f"two-ranks-{framework}")
+        sets = reshard_settings(framework, ocr_lmdb, image_h5)
+        launch(framework, 2, root / "run", sets, root / "logs")
+        return root / "run"
 
-    return get
+    return train
 
 
 RESHARD_CASES = [

@@ -6,6 +6,7 @@ comparisons read one uninterrupted run per task and framework, trained once for 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -104,19 +105,17 @@ def straight_run(tmp_path_factory, ocr_lmdb, image_h5):
     trained on first use and shared read-only by the tests that compare final weights with it.
     Only its final checkpoint is written: periodic checkpoints and loader.persistent_workers
     decide what a stopped run can resume from, not the weights a run ends with."""
-    runs: dict[tuple[str, str], Path] = {}
 
-    def get(task: str, framework: str) -> Path:
-        if (task, framework) not in runs:
-            out = tmp_path_factory.mktemp(f"straight-{task}-{framework}") / "run"
-            fixtures = (ocr_lmdb, image_h5)
-            _, process = start(task, framework, out, fixtures, "train.checkpoint_every=100000")
-            _, stderr = process.communicate(timeout=600)
-            assert process.returncode == 0, stderr[-3000:]
-            runs[(task, framework)] = out
-        return runs[(task, framework)]
+    @functools.cache
+    def train(task: str, framework: str) -> Path:
+        out = tmp_path_factory.mktemp(f"straight-{task}-{framework}") / "run"
+        fixtures = (ocr_lmdb, image_h5)
+        _, process = start(task, framework, out, fixtures, "train.checkpoint_every=100000")
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-3000:]
+        return out
 
-    return get
+    return train
 
 
 def assert_same_weights(straight: Path, run: Path, framework: str, context: str) -> None:
