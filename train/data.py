@@ -55,13 +55,7 @@ def build_run_data(config, run_dir: Path, local_data=None) -> RunData:
     framework); None: staged here."""
     task = tasks.get(config.task)
     data = local_data if local_data is not None else stage_remote(config)
-    policy = dict(
-        max_bad_fraction=data.max_bad_fraction,
-        skip_keys_file=data.skip_keys_file,
-        cache=data.cache,
-        cache_max_bytes=data.cache_max_bytes,
-        cache_dir=data.cache_dir,
-    )
+    policy = sample_policy(data)
     built: dict[str, RecordDataset] = {}
     for split, path in (("train", data.train), ("val", data.val)):
         if not path:
@@ -75,6 +69,18 @@ def build_run_data(config, run_dir: Path, local_data=None) -> RunData:
         )
     num_classes = task.num_classes(config.model, built["train"])
     return RunData(built["train"], built.get("val"), num_classes)
+
+
+def sample_policy(data) -> dict:
+    """What a task's open_dataset takes besides the path, from the data section: the bad-sample
+    bound, the keys to skip and the record cache."""
+    return dict(
+        max_bad_fraction=data.max_bad_fraction,
+        skip_keys_file=data.skip_keys_file,
+        cache=data.cache,
+        cache_max_bytes=data.cache_max_bytes,
+        cache_dir=data.cache_dir,
+    )
 
 
 def make_loaders(config, backend, dist, data: RunData):

@@ -43,6 +43,7 @@ from train.config.load import (
     add_overrides_argument,
     config_from_dict,
     load_config,
+    overrides_mapping,
     save_resolved,
 )
 from train.config.schema import (
@@ -70,5 +71,6 @@ __all__ = [
     "add_overrides_argument",
     "config_from_dict",
     "load_config",
+    "overrides_mapping",
     "save_resolved",
 ]

@@ -290,6 +290,15 @@ def save_resolved(config: Config, run_dir: str | os.PathLike) -> Path:
     return run_dir / RESOLVED_NAME
 
 
+def overrides_mapping(overrides: Iterable[str]) -> dict:
+    """``--set KEY=VALUE`` items as the nested mapping a YAML file would hold (a file that
+    ``extends:`` the scenario and holds this mapping loads as the scenario with the overrides)."""
+    data: dict = {}
+    for item in overrides:
+        _apply_override(data, item, {})
+    return data
+
+
 def add_overrides_argument(parser: argparse.ArgumentParser) -> None:
     """``--set KEY=VALUE`` (repeatable) into ``args.overrides``, as :func:`load_config` takes."""
     parser.add_argument(

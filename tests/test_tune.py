@@ -1,0 +1,227 @@
+"""The loader tuner (python -m train.tune): its model on synthetic stage costs with known
+answers, its summary of measured stages, and the command end to end on the smoke configs in
+both frameworks, whose tuned.yaml validates and trains."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.test_train import ROOT, data_overrides, set_args
+from train.tune import model
+from train.tune.measure import StageSample, summarize
+
+MS = 1e-3
+COSTS = model.StageCosts(
+    read_s=0.0,
+    reread_s=0.0,
+    decode_s=1 * MS,
+    augment_s=1 * MS,
+    collate_s=0.0,
+    trainer_s=10 * MS,
+    sample_bytes=1,  # hand-over copies cost nothing here: the known answers ignore them
+    record_bytes=1.0,
+    batch_cv=0.0,
+)
+HOST = model.Host(
+    cores=4,
+    shm_free_bytes=1 << 40,
+    memory_available_bytes=1 << 40,
+    dataset_bytes=1 << 20,
+    cache_dir_free_bytes=1 << 40,
+    copy_bytes_per_s=1e12,
+    fresh_copy_bytes_per_s=1e12,
+)
+
+
+def target(step_s: float, shm_need=None) -> model.Target:
+    return model.Target("torch", batch_size=100, step_s=step_s, shm_need=shm_need)
+
+
+def test_a_cpu_bound_pipeline_gets_the_fewest_workers_that_fill_the_cores():
+    # A batch costs a worker 100 x 2 ms = 0.2 s and the trainer 10 ms: w workers make 500 w
+    # samples/s until the 4 cores are full at 100 x 4 / 0.21 = 1905 samples/s (w = 4).
+    plan = model.plan(COSTS, HOST, target(step_s=0.001))
+    assert plan.pick.candidate == model.Candidate(4, 1, "none", True)
+    assert plan.pick.samples_per_s == pytest.approx(400 / 0.21)
+    assert plan.pick.bottleneck == model.CPU and plan.bottleneck == model.CPU
+    three = model.predict(COSTS, HOST, target(0.001), model.Candidate(3, 1, "none", True))
+    assert three.samples_per_s == pytest.approx(1500)
+    alone = model.predict(COSTS, HOST, target(0.001), model.Candidate(0, 1, "none", False))
+    assert alone.samples_per_s == pytest.approx(100 / 0.21)  # load and hand over, serially
+
+
+def test_a_slow_device_gets_fewer_workers_and_is_named_the_limit():
+    # 0.5 s steps take 200 samples/s. Loading in the trainer (476 samples/s) keeps up while the
+    # device runs the step before, when batch times do not vary.
+    plan = model.plan(COSTS, HOST, target(step_s=0.5))
+    assert plan.pick.candidate.workers == 0
+    assert plan.pick.samples_per_s == pytest.approx(200)
+    assert plan.bottleneck == model.GPU
+    assert "device" in plan.sentence()
+    # With cv 1, a stall costs the device: 2 workers x 2 batches (loader at 1000 samples/s,
+    # closeness 0.2, Q 4: 200 / 1.025) are the cheapest within 3% of the best (8 x 4: 199.7).
+    plan = model.plan(dataclasses.replace(COSTS, batch_cv=1.0), HOST, target(step_s=0.5))
+    assert plan.pick.candidate == model.Candidate(2, 2, "none", True)
+    assert plan.pick.samples_per_s == pytest.approx(200 / 1.025)
+    assert plan.bottleneck == model.GPU
+
+
+def test_prefetch_grows_with_the_spread_of_batch_times():
+    # A device as fast as the 4 cores' loader (closeness 1 from 4 workers on), cv 1: Q batches
+    # in flight cost a factor 1 / (1 + 1 / 2Q). The fastest is 8 workers x 4 (Q 32, 0.985);
+    # 4 x 4 (Q 16, 0.970) is within 3% of it and the cheapest that is.
+    costs = dataclasses.replace(COSTS, batch_cv=1.0)
+    plan = model.plan(costs, HOST, target(step_s=0.21 / 4))
+    assert plan.best.candidate.workers == 8 and plan.best.candidate.prefetch == 4
+    assert plan.pick.candidate == model.Candidate(4, 4, "none", True)
+    assert plan.pick.samples_per_s == pytest.approx(400 / 0.21 / (1 + 1 / 32))
+    # Against a device 50 times faster, the spread costs nothing: prefetch 1 does.
+    assert model.plan(costs, HOST, target(step_s=0.001)).pick.candidate.prefetch == 1
+
+
+def test_slow_storage_is_named_and_a_memory_cache_that_fits_is_picked():
+    # 5 ms reads of a dataset larger than the page cache can keep; the memory cache holds it
+    # all (cache_max_bytes 2 GiB), the disk cache is memory-mapped from the same slow disk.
+    costs = dataclasses.replace(COSTS, read_s=5 * MS, reread_s=5 * MS)
+    host = dataclasses.replace(HOST, dataset_bytes=1 << 30, memory_available_bytes=1 << 30)
+    plan = model.plan(costs, host, target(step_s=0.001))
+    uncached = model.predict(costs, host, target(0.001), model.Candidate(4, 1, "none", True))
+    assert uncached.bottleneck == model.DISK
+    assert plan.pick.candidate == model.Candidate(4, 1, "memory", True)
+    assert plan.pick.samples_per_s == pytest.approx(400 / 0.21, rel=1e-3)
+
+
+def test_a_faster_setting_that_does_not_fit_dev_shm_is_named():
+    costs = dataclasses.replace(COSTS, read_s=5 * MS, reread_s=5 * MS)
+    host = dataclasses.replace(
+        HOST, dataset_bytes=1 << 30, memory_available_bytes=1 << 30, shm_free_bytes=1 << 29
+    )
+
+    def need(candidate: model.Candidate) -> int:  # the memory cache counts against /dev/shm
+        return (1 << 30) if candidate.cache == "memory" else 0
+
+    plan = model.plan(costs, host, target(0.001, shm_need=need))
+    assert plan.pick.candidate.cache != "memory"
+    assert plan.bottleneck == model.SHM
+    unfit = [p for p in plan.predictions if p.candidate.cache == "memory"]
+    assert unfit and not any(p.feasible for p in unfit)
+    assert "/dev/shm" in unfit[0].why_not
+
+
+def test_the_measured_runs_cover_the_pick_and_its_neighbours():
+    plan = model.plan(COSTS, HOST, target(step_s=0.001))
+    pick = plan.pick.candidate
+    assert plan.to_verify[0] == pick
+    assert dataclasses.replace(pick, workers=5) in plan.to_verify
+    assert dataclasses.replace(pick, workers=3) in plan.to_verify
+    assert dataclasses.replace(pick, ring=False) in plan.to_verify
+    assert dataclasses.replace(pick, prefetch=2) in plan.to_verify
+    assert {c.cache for c in plan.to_verify} == {"none", "memory", "disk"}
+    assert len(plan.to_verify) == len(set(plan.to_verify))
+
+
+def test_summarize_takes_medians_and_the_trainer_work_beyond_the_batch():
+    sample = StageSample(
+        read_s=[0.004, 0.002, 0.003],
+        reread_s=[0.001, 0.001, 0.001],
+        decode_s=[0.002, 0.002, 0.050],  # one slow outlier does not move the median
+        transform_s=[0.005, 0.005, 0.005],
+        batch_s=[0.5, 0.5, 0.5],
+        batch_size=100,
+        sample_bytes=30,
+        record_bytes=1000.0,
+    )
+    costs = summarize(sample, trainer_batch_s=[0.6, 0.6, 0.7])
+    assert costs.read_s == pytest.approx(0.003)
+    assert costs.decode_s == pytest.approx(0.002)
+    assert costs.augment_s == pytest.approx(0.003)
+    # 5 ms a sample in a batch, less the 1 ms read: the transform's 5 ms minus 1 ms
+    assert costs.collate_s == pytest.approx(-0.001)
+    assert costs.trainer_s == pytest.approx(0.1)
+    assert costs.batch_cv == pytest.approx(0.0)
+
+
+FRAMEWORKS = [
+    pytest.param("ocr", "paddle", marks=pytest.mark.paddle),
+    pytest.param("resnet50", "torch", marks=pytest.mark.torch),
+]
+
+
+@pytest.mark.parametrize(("task", "framework"), FRAMEWORKS)
+def test_tune_writes_a_tuned_config_that_validates_and_trains(
+    task, framework, tmp_path, ocr_lmdb, image_h5
+):
+    sets = [f"framework={framework}", *data_overrides(task, ocr_lmdb, image_h5)]
+    out = tmp_path / "tune"
+    tuned = subprocess.run(
+        [sys.executable, "-m", "train.tune", "--config", f"configs/{task}/smoke.yaml"]
+        + set_args(sets)
+        + ["--budget-s", "10", "--output-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["step"]["source"] == "measured"  # the smoke configs train on the CPU
+    assert report["step"]["step_s"] > 0
+    settings = {row["setting"] for row in report["measured"]}
+    assert report["pick"]["setting"] in settings and report["configured"] in settings
+    assert all(row["samples_per_s"] > 0 for row in report["measured"])
+    assert report["bottleneck"] in model.BOTTLENECK_TEXT
+    assert (out / "throughput.png").stat().st_size > 0
+    assert report["bottleneck_text"] in (out / "report.md").read_text()
+
+    text = (out / "tuned.yaml").read_text()
+    written = yaml.safe_load(text)
+    assert set(written) == {"extends", "framework", "data", "loader"}
+    assert written["loader"]["num_workers"] == report["pick"]["loader"]["num_workers"]
+    checked = subprocess.run(
+        [sys.executable, "-m", "train.config", str(out / "tuned.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stderr
+    run_dir = tmp_path / "run"
+    trained = subprocess.run(
+        [sys.executable, "-m", "train", "--config", str(out / "tuned.yaml")]
+        + set_args(["train.max_steps=2", "optim.warmup_steps=1", "train.eval_every=2"])
+        + ["--output-dir", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    resolved = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
+    assert resolved["loader"]["num_workers"] == written["loader"]["num_workers"]
+    assert (run_dir / "checkpoints" / "step-00000002").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--budget-s", "0"], "--budget-s must be > 0"),
+        (["--step-ms", "-1"], "--step-ms must be > 0"),
+        (["--set", "loader.num_wokers=2"], "num_workers"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_problem(args, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "train.tune", "--config", "configs/ocr/smoke.yaml", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr

@@ -1,0 +1,152 @@
+"""Measured runs of the real loader at a candidate setting: the backend's own loader over the
+real data, its batches moved to the device as training moves them (``device_batches``), and a
+step that takes as long as the device's.
+
+The step is a stand-in unless the model's real step runs on a GPU here: a device that runs each
+step for ``step_s`` and, as CUDA does, accepts the next step while it still runs one (queue
+depth 2), so the trainer loads the next batch meanwhile. On a CPU the real step would take the
+cores the workers need, which is not what a GPU run sees. With ``--step-ms`` the GPU is
+elsewhere: the trainer takes the loader's host batches, and their copy to the GPU and
+normalization (which run on the GPU) are not measured.
+
+A run measures the steady state from epoch 2 on: with a record cache the records of the measured
+window are read into it first (untimed), and the window starts after the workers' first round of
+batches, so neither worker start-up nor an empty cache is counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+from datasets.sampler import EpochSampler
+from train import tasks
+from train.data import sample_policy
+from train.tune.model import Candidate
+
+
+class DeviceStandIn:
+    """A device whose every step takes ``step_s``, queued as CUDA queues work."""
+
+    def __init__(self, step_s: float, depth: int = 2) -> None:
+        self.step_s, self.depth = step_s, depth
+        self.finishes: collections.deque[float] = collections.deque()
+
+    def step(self, batch) -> None:
+        now = time.perf_counter()
+        while self.finishes and self.finishes[0] <= now:
+            self.finishes.popleft()
+        if len(self.finishes) >= self.depth:  # the queue is full: wait for its oldest step
+            time.sleep(max(0.0, self.finishes.popleft() - now))
+        start = max(time.perf_counter(), self.finishes[-1] if self.finishes else 0.0)
+        self.finishes.append(start + self.step_s)
+
+    def synchronize(self) -> None:
+        if self.finishes:
+            time.sleep(max(0.0, self.finishes[-1] - time.perf_counter()))
+            self.finishes.clear()
+
+
+class RealStep:
+    """The backend's own train step (a GPU run measured here)."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def step(self, batch) -> None:
+        self.backend.train_step(batch)
+
+    def synchronize(self) -> None:
+        self.backend.read_steps()
+
+
+def with_candidate(config, candidate: Candidate):
+    """``config`` with the candidate's loader and cache settings."""
+    loader = dataclasses.replace(
+        config.loader,
+        num_workers=candidate.workers,
+        prefetch_factor=candidate.prefetch if candidate.workers else None,
+        batch_ring=candidate.ring if candidate.workers else config.loader.batch_ring,
+    )
+    data = dataclasses.replace(config.data, cache=candidate.cache)
+    return dataclasses.replace(config, loader=loader, data=data)
+
+
+@dataclass
+class Measured:
+    candidate: Candidate
+    samples_per_s: float
+    batches: int
+    seconds: float  # the whole run: start-up, cache fill, warm-up and window
+
+    def as_dict(self) -> dict:
+        return {
+            "setting": self.candidate.label(),
+            "samples_per_s": round(self.samples_per_s, 1),
+            "batches": self.batches,
+            "run_s": round(self.seconds, 2),
+        }
+
+
+def batches_of(backend, loader, on_device: bool):
+    """The loader's batches as the trainer takes them: moved to the device and normalized
+    there when the step runs here; as the loader hands them over (host tensors) when the device
+    is elsewhere, whose copy and normalization run on it, asynchronously, not on this host."""
+    return iter(backend.device_batches(loader) if on_device else loader)
+
+
+def measure(
+    config,
+    backend,
+    candidate: Candidate,
+    device,
+    window_s: float,
+    expected: float,
+    on_device: bool = True,
+):
+    """Samples per second of the real loader at ``candidate``, over a window of about
+    ``window_s`` seconds (at least 3 batches and two per worker) after the workers' first round
+    of batches. ``expected``, the predicted samples/s, sizes the window in batches: the loader
+    then ends its epoch as in training (one left mid-epoch is stopped the way a stop request
+    stops it, with the framework's warnings), unless the window runs past 4 x window_s."""
+    started = time.perf_counter()
+    config = with_candidate(config, candidate)
+    batch = config.loader.batch_size
+    warm = candidate.workers + 1  # the workers' first round arrives together
+    window = max(3, 2 * candidate.workers, math.ceil(window_s * expected / batch))
+    data = config.data
+    dataset = tasks.get(config.task).open_dataset(
+        data, data.train, train=True, seed=config.seed, **sample_policy(data)
+    )
+    try:
+        if candidate.cache != "none":  # epoch 1 filled the cache: read the window's records
+            for position in range(min(len(dataset), (warm + window) * batch)):
+                dataset._read(dataset._source_index(position))
+        # Positions past the dataset's end wrap around (RecordDataset reads position % len).
+        sampler = EpochSampler((warm + window) * batch, shuffle=True, seed=config.seed)
+        loader = backend.make_loader(dataset, sampler, config.loader, train=True)
+        batches = batches_of(backend, loader, on_device)
+        try:
+            for _ in range(warm):
+                device.step(next(batches))
+            device.synchronize()
+            start = time.perf_counter()
+            done = 0
+            for item in batches:
+                device.step(item)
+                done += 1
+                if done >= 3 and time.perf_counter() - start >= 4 * window_s:
+                    break
+            device.synchronize()
+            took = time.perf_counter() - start
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # a loader left mid-epoch: its workers are stopped here
+            del batches, loader
+    finally:
+        dataset.close()
+    return Measured(candidate, done * batch / took, done, time.perf_counter() - started)
