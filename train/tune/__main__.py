@@ -20,7 +20,6 @@ another tuning holds the output folder.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -101,13 +100,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, argv: list[str], held: list) -> int:
-    from train.backends import make_backend
     from train.config import load_config, overrides_mapping
-    from train.cpus import resolve_loader
-    from train.data import stage_remote
     from train.run_lock import RunLock
     from train.tune import report
-    from train.tune.run import tune
+    from train.tune.run import prepare, tune
 
     if any(int(os.environ.get(name) or 1) > 1 for name in ("WORLD_SIZE", "PADDLE_TRAINERS_NUM")):
         print(
@@ -120,16 +116,7 @@ def run(args, argv: list[str], held: list) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(config)
     lock = RunLock(out_dir).acquire()
     held.append(lock.release)
-    if args.step_ms is not None and config.train.device == "gpu":
-        # The device is elsewhere: the loader runs here, its batches stay in this host's memory.
-        config = dataclasses.replace(config, train=dataclasses.replace(config.train, device="auto"))
-    config = dataclasses.replace(config, data=stage_remote(config))
-    config, reason = resolve_loader(config, local_world_size=args.local_ranks)
-    log.info("the scenario's num_workers here: %d (%s)", config.loader.num_workers, reason)
-    backend = make_backend(config)
-    held.append(backend.shutdown)
-    backend.init_distributed()
-    backend.seed_everything(config.seed, config.deterministic)
+    config, backend = prepare(config, args.step_ms, args.local_ranks, held)
     tuning = tune(config, backend, args.step_ms, args.budget_s, args.local_ranks)
     written = report.write(
         tuning, out_dir, Path(args.config), overrides_mapping(args.overrides), argv

@@ -67,6 +67,26 @@ def shm_need(config, local_ranks: int):
     return need
 
 
+def prepare(config, step_ms: float | None, local_ranks: int, held: list):
+    """(config with local data and num_workers resolved, backend made and initialized as one
+    process). ``held`` gets the backend's shutdown. With ``step_ms`` the device is elsewhere:
+    a config asking for a GPU runs its loader here, on whatever device this host has."""
+    from train.backends import make_backend
+    from train.cpus import resolve_loader
+    from train.data import stage_remote
+
+    if step_ms is not None and config.train.device == "gpu":
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, device="auto"))
+    config = dataclasses.replace(config, data=stage_remote(config))
+    config, reason = resolve_loader(config, local_world_size=local_ranks)
+    log.info("the scenario's num_workers here: %d (%s)", config.loader.num_workers, reason)
+    backend = make_backend(config)
+    held.append(backend.shutdown)
+    backend.init_distributed()
+    backend.seed_everything(config.seed, config.deterministic)
+    return config, backend
+
+
 def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: int = 1) -> Tuning:
     """Tune ``config``'s loader for this host. ``backend`` is made and its distributed part
     initialized (one process); ``step_ms``: the device's step when it is elsewhere (None:

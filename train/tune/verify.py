@@ -114,6 +114,11 @@ def measure(
     stops it, with the framework's warnings), unless the window runs past 4 x window_s."""
     started = time.perf_counter()
     config = with_candidate(config, candidate)
+    # One epoch per run: workers that stop with it. Persistent ones would outlive the run
+    # (they belong to the loader) and take cores from the next.
+    config = dataclasses.replace(
+        config, loader=dataclasses.replace(config.loader, persistent_workers=False)
+    )
     batch = config.loader.batch_size
     warm = candidate.workers + 1  # the workers' first round arrives together
     window = max(3, 2 * candidate.workers, math.ceil(window_s * expected / batch))
