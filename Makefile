@@ -16,7 +16,7 @@ ARGS ?= --overwrite
 IMAGENET_DATA := data/synth_imagenet
 
 .PHONY: setup train-ocr train-resnet50 data test test-torch test-paddle lint format clean-venvs \
-	doctor bench bench-quick containers-ci finetune-ocr test-quick
+	doctor bench bench-quick containers-ci finetune-ocr test-quick tune
 
 setup: .venv-paddle/.installed .venv-torch/.installed
 
@@ -101,6 +101,39 @@ finetune-ocr: .venv-$(FINETUNE_FRAMEWORK)/.project $(PPOCRV4_DOTS)/charset.txt $
 
 doctor: .venv-paddle/.project
 	$(PADDLE) -m train.doctor --config $(or $(CONFIG),configs/ocr/smoke.yaml)
+
+# The loader tuner on this host: make tune CONFIG=configs/ocr/single_gpu.yaml [ARGS=...], ARGS
+# being python -m train.tune's own (--set, --budget-s, --step-ms, --output-dir; not training's
+# --overwrite default). It runs in the venv of the config's framework, with the task's synthetic
+# data made first (the scenario files point at it unless *_DATA_DIR says otherwise). The framework
+# and task are read from the config as resolved (extends, and the --set items in ARGS) by
+# python -m train.config --get, in whichever venv exists (either reads any config; the Paddle
+# one is made when neither is). FRAMEWORK=paddle|torch skips that reading.
+tune: ARGS =
+tune:
+	@test -n "$(CONFIG)" || { echo "make tune: CONFIG=configs/<task>/<scenario>.yaml is required" >&2; exit 2; }
+	@sets=(); words=($(ARGS)); \
+	for ((i = 0; i < $${#words[@]}; i++)); do \
+		case "$${words[i]}" in --set) sets+=(--set "$${words[i + 1]}");; --set=*) sets+=("$${words[i]}");; esac; \
+	done; \
+	reader=$(PADDLE); \
+	if [ ! -f .venv-paddle/.project ]; then \
+		if [ -f .venv-torch/.project ]; then reader=$(TORCH); \
+		else $(MAKE) --no-print-directory .venv-paddle/.project || exit $$?; fi; \
+	fi; \
+	framework="$(FRAMEWORK)"; \
+	if [ -z "$$framework" ]; then \
+		framework=$$($$reader -m train.config $(CONFIG) "$${sets[@]}" --get framework) || exit 2; \
+	fi; \
+	task=$$($$reader -m train.config $(CONFIG) "$${sets[@]}" --get task) || exit 2; \
+	case "$$task" in \
+		ocr) data="$(OCR_DATA)/charset.txt";; \
+		classification) data="$(IMAGENET_DATA)/train.h5 $(IMAGENET_DATA)/val.h5";; \
+		*) data="";; \
+	esac; \
+	$(MAKE) --no-print-directory .venv-$$framework/.project $$data || exit $$?; \
+	echo ".venv-$$framework/bin/python -m train.tune --config $(CONFIG) $(ARGS)"; \
+	.venv-$$framework/bin/python -m train.tune --config $(CONFIG) $(ARGS)
 
 # Input-pipeline benchmark: each framework's part in its own env, merged into one report.
 bench-quick: .venv-torch/.installed .venv-paddle/.installed

@@ -350,6 +350,19 @@ def test_cli_prints_resolved_yaml():
     assert printed["output"]["dir"] == "runs/ocr-paddle-smoke"
 
 
+def test_cli_get_prints_one_resolved_value():
+    """What the Makefile's tune target reads to pick its venv: the value after extends and --set."""
+    assert run_cli("configs/ocr/single_gpu.yaml", "--get", "framework").stdout == "paddle\n"
+    assert run_cli("configs/resnet50/smoke.yaml", "--get", "task").stdout == "classification\n"
+    swapped = run_cli("configs/ocr/smoke.yaml", "--set", "framework=torch", "--get", "framework")
+    assert swapped.stdout == "torch\n"
+    nested = run_cli("configs/ocr/smoke.yaml", "--set", "loader.batch_size=8", "--get", "loader")
+    assert yaml.safe_load(nested.stdout)["batch_size"] == 8
+    missing = run_cli("configs/ocr/smoke.yaml", "--get", "loader.no_such_knob")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert "loader.no_such_knob" in missing.stderr
+
+
 def test_cli_missing_file_exits_2():
     result = run_cli("configs/ocr/no_such_scenario.yaml")
     assert result.returncode == 2 and "file not found" in result.stderr
