@@ -19,11 +19,14 @@ say() { echo "entrypoint: $*" >&2; }
 # are word-split by this shell (compose implementations split `command:` strings differently):
 #   train [ARGS]   ->  python -m train --config "$CONFIG" $DEVICE_ARGS $TRAIN_ARGS [ARGS] --auto-resume
 #   doctor [ARGS]  ->  python -m train.doctor --config "$CONFIG" $DEVICE_ARGS $TRAIN_ARGS [ARGS]
+#   tune [ARGS]    ->  python -m train.tune --config "$CONFIG" $DEVICE_ARGS <TRAIN_ARGS' --set items> [ARGS]
 # CONFIG is the scenario file, TRAIN_ARGS e.g. "--set loader.num_workers=6 --overwrite",
 # DEVICE_ARGS is set by compose.cpu.yaml ("--set train.device=cpu ..."). `train` adds
 # --auto-resume unless the arguments choose --resume or --overwrite themselves: a container that
 # `docker compose stop` ended (checkpoint on SIGTERM) or that crashed continues where it was on
-# the next `up`, and its first start begins a new run.
+# the next `up`, and its first start begins a new run. `tune` takes only the --set items of
+# TRAIN_ARGS: the tuner measures the scenario training would run, and has no run flags
+# (--overwrite, --resume) of its own.
 if [[ "${1:-}" == "train" || "${1:-}" == "doctor" ]]; then
     module=train
     [[ "$1" == "doctor" ]] && module=train.doctor
@@ -35,6 +38,20 @@ if [[ "${1:-}" == "train" || "${1:-}" == "doctor" ]]; then
           && " $* " != *" --auto-resume "* ]]; then
         set -- "$@" --auto-resume
     fi
+elif [[ "${1:-}" == "tune" ]]; then
+    shift
+    # shellcheck disable=SC2206  # word splitting of the argument string is the point
+    train_args=(${TRAIN_ARGS:-})
+    sets=()
+    for ((i = 0; i < ${#train_args[@]}; i++)); do
+        case "${train_args[i]}" in
+            --set) sets+=(--set "${train_args[i + 1]:-}") ;;
+            --set=*) sets+=("${train_args[i]}") ;;
+        esac
+    done
+    # shellcheck disable=SC2206
+    set -- python -m train.tune --config "${CONFIG:?set CONFIG to a scenario file}" \
+        ${DEVICE_ARGS:-} ${sets[@]+"${sets[@]}"} "$@"
 fi
 
 config=""

@@ -33,17 +33,22 @@ PROJECT_DOCKERFILES = {"ocr": "docker/paddle.Dockerfile", "resnet50": "docker/to
 TRAIN_DATA = {"train-ocr": "data-ocr", "train-resnet50": "data-resnet50"}
 TRAIN = list(TRAIN_DATA)
 DATA = list(TRAIN_DATA.values())
+# The loader tuner's services: each the training service it tunes for, but command and profile.
+TUNE_TRAIN = {"tune-ocr": "train-ocr", "tune-resnet50": "train-resnet50"}
+TUNE = list(TUNE_TRAIN)
 DEV = ["dev-torch", "dev-paddle"]
 DASHBOARDS = ["tensorboard", "visualdl"]
-HOST_USER_SERVICES = TRAIN + ["doctor"] + DEV  # run as HOST_UID:HOST_GID
-GPU_SERVICES = TRAIN + ["doctor", "bench"] + DEV
+HOST_USER_SERVICES = TRAIN + TUNE + ["doctor"] + DEV  # run as HOST_UID:HOST_GID
+GPU_SERVICES = TRAIN + TUNE + ["doctor", "bench"] + DEV
 SERVICES = GPU_SERVICES + DATA + ["smoke-paddle", "smoke-torch"]
 TASK_OF = {
     "train-ocr": "ocr",
+    "tune-ocr": "ocr",
     "data-ocr": "ocr",
     "doctor": "ocr",
     "dev-paddle": "ocr",
     "train-resnet50": "resnet50",
+    "tune-resnet50": "resnet50",
     "data-resnet50": "resnet50",
     "dev-torch": "resnet50",
 }
@@ -399,9 +404,9 @@ def test_every_service_is_in_a_profile(compose):
     assert not bare.get("services"), f"`docker compose up` would start {sorted(bare['services'])}"
 
 
-@pytest.mark.parametrize("name", TRAIN)
+@pytest.mark.parametrize("name", TRAIN + TUNE)
 def test_train_services_wait_for_their_data(compose, name):
-    service, data = compose["services"][name], TRAIN_DATA[name]
+    service, data = compose["services"][name], TRAIN_DATA[TUNE_TRAIN.get(name, name)]
     assert service["depends_on"][data]["condition"] == "service_completed_successfully"
     profiles = set(compose["services"][data]["profiles"])
     assert set(service["profiles"]) <= profiles, f"{data} must be enabled wherever {name} is"
@@ -441,7 +446,7 @@ def test_data_mounts(compose, compose_custom):
     for name in HOST_USER_SERVICES:  # training reads data, never writes it
         data = {t: m for t, m in mounts(compose["services"][name]).items() if t.startswith("/data")}
         assert data and all(m.get("read_only") for m in data.values()), f"{name}: data read-only"
-    for name in TRAIN + ["doctor"]:  # ... from your folder when OCR_DATA / RESNET_DATA is set
+    for name in TRAIN + TUNE + ["doctor"]:  # ... from your folder when OCR_DATA / RESNET_DATA
         target = IMAGE_ROOTS[f"{TASK_OF[name].upper()}_DATA_DIR"]
         mount = mounts(compose_custom["services"][name])[target]
         assert mount["type"] == "bind" and mount["read_only"], f"{name}: {mount}"
@@ -522,20 +527,65 @@ def test_compose_cpu_override_drops_the_gpu(compose_cpu, name):
 
 def test_compose_cpu_override_trains_on_the_cpu(compose, compose_cpu):
     assert set(compose_cpu["services"]) == set(compose["services"])
-    for name in TRAIN + ["doctor"]:
+    for name in TRAIN + TUNE + ["doctor"]:
         assert (
             "--set train.device=cpu" in compose_cpu["services"][name]["environment"]["DEVICE_ARGS"]
         )
 
 
 def test_compose_config_defaults(compose, compose_custom):
-    for name in TRAIN + ["doctor"]:
+    for name in TRAIN + TUNE + ["doctor"]:
         task = TASK_OF[name]
         env = compose["services"][name]["environment"]
         assert env["CONFIG"] == f"configs/{task}/single_gpu.yaml", name
         assert env["TRAIN_ARGS"] == "", name
         custom = compose_custom["services"][name]["environment"]["CONFIG"]
         assert custom == CUSTOM_ENV[f"{'OCR' if task == 'ocr' else 'RESNET'}_CONFIG"], name
+
+
+@pytest.mark.parametrize("name", TUNE)
+def test_tune_services_run_the_tuner_where_training_runs(
+    compose, compose_custom, compose_cpu, name
+):
+    """The tuner measures the loader in training's container, so everything that shapes the
+    input pipeline is the training service's, with each set of files and variables: image,
+    /dev/shm, ulimits, GPUs, user, mounts, environment (scenario, --set items, the CPU
+    override's device arguments), data dependency. Only the command (the entrypoint's `tune`
+    shorthand) and the profile differ: its own, so that `--profile ocr up` never starts a
+    tuner beside the training it would measure against."""
+    trained = TUNE_TRAIN[name]
+    for model in (compose, compose_custom, compose_cpu):
+        tune, train = model["services"][name], model["services"][trained]
+        assert tune["command"] == ["tune"], f"{name}: {tune['command']}"
+        assert tune["profiles"] == ["tune"], f"{name}: {tune['profiles']}"
+        for key in ("image", "build", "shm_size", "ulimits", "user", "deploy", "depends_on"):
+            assert tune.get(key) == train.get(key), f"{name}: {key} differs from {trained}'s"
+        assert tune["volumes"] == train["volumes"], f"{name}: mounts differ from {trained}'s"
+        assert tune["environment"] == train["environment"], f"{name}: environment"
+    for data in DATA:  # enabled wherever a tuner is (a dependency must be)
+        assert "tune" in compose["services"][data]["profiles"], data
+    alone = compose_config("compose.yaml", profiles=("tune",))
+    assert set(alone["services"]) == set(TUNE + DATA), "the tune profile starts no training"
+
+
+def test_entrypoint_tune_shorthand(tmp_path):
+    """`tune` runs the tuner on CONFIG with the CPU override's device arguments and only the
+    --set items of TRAIN_ARGS (the tuner has no run flags), after the doctor on the same
+    config; arguments after `tune` are the tuner's own."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "tune.py").write_text("import sys\nprint('TUNE', sys.argv[1:])\n")
+    env = {
+        "CONFIG": "x.yaml",
+        "DEVICE_ARGS": "--set train.device=cpu",
+        "TRAIN_ARGS": "--set a=1 --overwrite --set=b=2",
+    }
+    r = run_entrypoint(tmp_path, ["tune", "--budget-s", "60"], env, "")
+    assert r.returncode == 0, r.stdout + r.stderr
+    sets = "'--set', 'train.device=cpu', '--set', 'a=1', '--set=b=2'"
+    assert f"TUNE ['--config', 'x.yaml', {sets}, '--budget-s', '60']" in r.stdout, r.stdout
+    assert "DOCTOR ['--config', 'x.yaml', '--set', 'train.device=cpu'" in r.stdout
+    r = run_entrypoint(tmp_path, ["tune"], {"CONFIG": "x.yaml"}, "")  # no TRAIN_ARGS at all
+    assert r.returncode == 0 and "TUNE ['--config', 'x.yaml']" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("name", DEV)
