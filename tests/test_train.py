@@ -108,6 +108,13 @@ def test_smoke_config_trains_end_to_end(task, framework, tmp_path, ocr_lmdb, ima
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["bad_samples_total"] == 0
     assert "samples_per_s" in result.stdout  # the summary table
+    # A data wait above 10% comes with its bottleneck and the tuner's command for this scenario
+    stalled = summary["data_wait_fraction"] > 0.10
+    assert ("loader_bottleneck" in summary) == stalled == ("loader_tune" in summary), summary
+    if stalled:
+        tune = f"python -m train.tune --config configs/{task}/smoke.yaml --set framework="
+        assert summary["loader_tune"].startswith(tune + framework), summary["loader_tune"]
+        assert "loader_bottleneck" in result.stdout and "loader_tune" in result.stdout
     kept = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
     assert kept == ["step-00000006", "step-00000012"]
 

@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args, held: Held) -> int:
     """The run, start to end; failures of a known kind are raised as such (train.errors)."""
-    from train import loop, preflight, report
+    from train import loop, preflight, report, stall
     from train.backends import launcher_rank, make_backend
     from train.config import load_config, save_resolved
     from train.cpus import resolve_loader
@@ -352,6 +352,14 @@ def run(args, held: Held) -> int:
     config = preflight.apply_policy(config, dist.local_world_size)
     held.data = build_run_data(config, run_dir, local_data)
     summary = loop.train(config, backend, dist, held.data, run_dir, resume)
+    if "loader_bottleneck" in summary:  # the loader held this run: the tuner for its scenario
+        tune = stall.tune_command(args.config, args.overrides)
+        ordered = {}
+        for key, value in summary.items():
+            ordered[key] = value
+            if key == "loader_bottleneck":  # the command right under the sentence
+                ordered["loader_tune"] = tune
+        summary = ordered
     if dist.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plots = report.write_plots(run_dir)

@@ -9,7 +9,7 @@ import logging
 import time
 from pathlib import Path
 
-from train import checkpoint, faults, tasks
+from train import checkpoint, faults, stall, tasks
 from train.data import RunData, make_loaders
 from train.errors import WorkerDiedError, out_of_memory_named
 from train.nonfinite import NonFiniteSteps
@@ -227,12 +227,15 @@ class Run:
         totals = self.telemetry.totals
         wall = max(totals["wall_s"], 1e-9)
         loss = self.loss if self.loss is not None else float("nan")  # read by read_steps
+        data_wait = totals["wait_s"] / wall
         return {
             "steps": self.position.step,
             "epochs_completed": self.position.epoch,
             "final_loss": loss,
             "samples_per_s": totals["samples"] / wall,
-            "data_wait_fraction": totals["wait_s"] / wall,
+            "data_wait_fraction": data_wait,
+            # above train.stall.BOTTLENECK_FRACTION: which bottleneck held the loader
+            **stall.summary_keys(data_wait, self.telemetry.loader_use()),
             "bad_samples_total": sum(self.data.train.bad_log.total_counts().values()),
             **{f"val_{k}": v for k, v in self.last_eval.items()},
         }

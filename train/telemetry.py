@@ -4,7 +4,8 @@ Timing model: the trainer alternates between waiting for the next batch (reader 
 blocked in the loader, including the host-to-device copy) and computing. Over a logging window,
 data-wait share = sum(reader cost) / wall time. Device work is asynchronous, so single steps are
 not timed; the window ends at a synchronizing point (the loss read-out), which makes the window
-sums honest. Only rank 0 logs and writes files.
+sums honest. Only rank 0 logs and writes files. Over the same windows rank 0 samples the CPU use
+that tells why the loader held the trainer (train/stall.py: the run summary's sentence).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from train import stall
 
 log = logging.getLogger("train")
 
@@ -124,9 +127,13 @@ class Telemetry:
         knobs: str,
         stall_warn_fraction: float,
         scalars=None,
+        num_workers: int | None = None,
+        local_ranks: int = 1,
     ) -> None:
         """``gpu_index``: the CUDA ordinal the backend trains on (Backend.device_index), None on
-        the CPU; ``scalars``: the backend's scalar log (Backend.scalar_writer), or None."""
+        the CPU; ``scalars``: the backend's scalar log (Backend.scalar_writer), or None;
+        ``num_workers`` (resolved) and ``local_ranks`` (training processes on this node) for
+        the loader's diagnosis (None: no diagnosis)."""
         self.is_main = is_main
         self.stall_warn_fraction = stall_warn_fraction  # train.stall_warn_fraction
         self.global_batch = global_batch
@@ -139,11 +146,21 @@ class Telemetry:
         self._bar = None
         self.total_steps: int | None = None  # start_progress sets it
         self._stall_windows = 0
-        self.totals = {"wait_s": 0.0, "wall_s": 0.0, "samples": 0, "steps": 0}
+        self.totals = {"wait_s": 0.0, "wall_s": 0.0, "samples": 0, "steps": 0, "wait_cpu_s": 0.0}
+        self.num_workers, self.local_ranks = num_workers, local_ranks
+        # CPU use from the first window's start to the last window's end: the totals' span.
+        self._measure_cpu = is_main and num_workers is not None
+        self._cpu_first = stall.sample_cpu() if self._measure_cpu else None
+        self._cpu_last: stall.CpuSample | None = None
         self._reset_window()
 
     def _reset_window(self) -> None:
-        self._window = {"wait_s": 0.0, "steps": 0, "start": time.perf_counter()}
+        self._window = {
+            "wait_s": 0.0,
+            "wait_cpu_s": 0.0,
+            "steps": 0,
+            "start": time.perf_counter(),
+        }
 
     def start_progress(self, total_steps: int, done: int) -> None:
         """The run's step count (for the ETA) and, on a terminal, the tqdm bar (its own ETA
@@ -155,15 +172,17 @@ class Telemetry:
             self._bar = tqdm(total=total_steps, initial=done, unit="step", dynamic_ncols=True)
 
     def timed(self, batches):
-        """Yield from ``batches``, adding the time blocked in each ``next`` to the window."""
+        """Yield from ``batches``, adding the time blocked in each ``next`` to the window, and
+        this thread's CPU time in it (busy receiving a batch, or idle waiting for one)."""
         iterator = iter(batches)
         while True:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 batch = next(iterator)
             except StopIteration:
                 return
             self._window["wait_s"] += time.perf_counter() - start
+            self._window["wait_cpu_s"] += time.thread_time() - cpu
             yield batch
 
     def step_done(self, step: int) -> None:
@@ -191,6 +210,7 @@ class Telemetry:
         }
         for key, value in (
             ("wait_s", self._window["wait_s"]),
+            ("wait_cpu_s", self._window["wait_cpu_s"]),
             ("wall_s", wall),
             ("samples", steps * self.global_batch),
             ("steps", steps),
@@ -201,6 +221,8 @@ class Telemetry:
             # checkpoints not included): the log line shows it as eta=H:MM:SS.
             step_time = self.totals["wall_s"] / max(self.totals["steps"], 1)
             record["eta_s"] = float(max(self.total_steps - step, 0) * step_time)
+        if self._measure_cpu:
+            self._cpu_last = stall.sample_cpu()
         self._reset_window()
         self._check_stall(record)
         self.emit(record)
@@ -215,11 +237,29 @@ class Telemetry:
                 "(%s). Turn these knobs: raise loader.num_workers (up to the cores you have), "
                 "loader.prefetch_factor 2-4, loader.persistent_workers: true, data.cache: memory "
                 "for a dataset that fits in RAM; check the storage (scripts/validate_data.py, "
-                "local copy of remote data).",
+                "local copy of remote data). python -m train.tune --config <this scenario> "
+                "measures this host and picks them; the run summary names the bottleneck.",
                 100 * record["data_wait_fraction"],
                 STALL_WINDOWS,
                 self.knobs,
             )
+
+    def loader_use(self) -> stall.LoaderUse | None:
+        """What the run's windows measured about the loader (rank 0; None elsewhere)."""
+        if not self._measure_cpu:
+            return None
+        from train.cpus import usable_cores
+
+        return stall.LoaderUse.between(
+            self._cpu_first,
+            self._cpu_last,
+            wall_s=self.totals["wall_s"],
+            wait_s=self.totals["wait_s"],
+            wait_cpu_s=self.totals["wait_cpu_s"],
+            num_workers=self.num_workers,
+            usable_cores=usable_cores(),
+            ranks=self.local_ranks,
+        )
 
     def emit(self, record: dict) -> None:
         """Write a record to metrics.jsonl, the scalar writer and the log (rank 0 only)."""
@@ -276,4 +316,6 @@ def run_telemetry(config, backend, dist, run_dir: Path) -> Telemetry:
         knobs,
         config.train.stall_warn_fraction,
         backend.scalar_writer(run_dir / "scalars") if dist.is_main else None,
+        num_workers=loader_cfg.num_workers,
+        local_ranks=dist.local_world_size,
     )
