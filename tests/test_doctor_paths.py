@@ -9,6 +9,7 @@ as to anyone. A test skips when this host allows neither, after checking that th
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -175,6 +176,68 @@ def test_resume_flags_are_accepted_and_resume_needs_a_checkpoint(tmp_path, ocr_l
     (step / "trainer.json").write_text("{}")
     assert doctor.main(["--config", str(config), "--resume"]) == 0
     assert "holds a run (latest step-00000010)" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- a finished run's data wait
+def finished_run(tmp_path: Path, **summary) -> Path:
+    run = tmp_path / "finished"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"steps": 10, **summary}))
+    return run
+
+
+def test_run_dir_warns_on_a_data_wait_above_stall_warn_fraction(tmp_path, ocr_lmdb, capsys):
+    """The run's own sentence and tuner command (its scenario and --set items) in the WARN;
+    a WARN, so the doctor still exits 0."""
+    config = write_config(tmp_path, ocr_lmdb.parent)
+    run = finished_run(
+        tmp_path,
+        data_wait_fraction=0.45,
+        loader_bottleneck="the 1 loader worker was busy 98% of the time.",
+        loader_tune="python -m train.tune --config configs/ocr/smoke.yaml --set a=1",
+    )
+    assert doctor.main(["--config", str(config), "--run-dir", str(run)]) == 0
+    text = line(capsys.readouterr().out, "last run's data wait")
+    assert text.startswith(f"WARN last run's data wait {run}: the steps waited on data 45% ")
+    assert "(train.stall_warn_fraction 30%); the 1 loader worker was busy 98%" in text
+    assert "fix: python -m train.tune --config configs/ocr/smoke.yaml --set a=1 (finds" in text
+    # Below the config's own threshold: PASS, no fix
+    args = ["--config", str(config), "--run-dir", str(run)]
+    assert doctor.main([*args, "--set", "train.stall_warn_fraction=0.5"]) == 0
+    text = line(capsys.readouterr().out, "last run's data wait")
+    assert text.startswith("PASS") and "fix:" not in text
+    # Without --run-dir the check is not made
+    assert doctor.main(["--config", str(config)]) == 0
+    assert "last run's data wait" not in capsys.readouterr().out
+
+
+def test_run_dir_of_an_older_or_unfinished_run(tmp_path, ocr_lmdb, capsys):
+    """A summary without the tuner's command (written before the summary had one): the fix is
+    the command for the config checked. No summary (the run did not finish): a WARN naming it."""
+    config = write_config(tmp_path, ocr_lmdb.parent)
+    run = finished_run(tmp_path, data_wait_fraction=0.6)
+    assert doctor.main(["--config", str(config), "--run-dir", str(run)]) == 0
+    text = line(capsys.readouterr().out, "last run's data wait")
+    assert text.startswith("WARN") and f"fix: python -m train.tune --config {config} " in text
+    (run / "summary.json").unlink()
+    assert doctor.main(["--config", str(config), "--run-dir", str(run)]) == 0
+    text = line(capsys.readouterr().out, "last run's data wait")
+    assert text.startswith(f"WARN last run's data wait {run / 'summary.json'}: missing")
+
+
+def test_run_dir_alone_checks_that_runs_config_and_directory(tmp_path, ocr_lmdb, capsys):
+    from train.config import load_config, save_resolved
+
+    run = finished_run(tmp_path, data_wait_fraction=0.35)
+    save_resolved(load_config(write_config(tmp_path, ocr_lmdb.parent)), run)
+    assert doctor.main(["--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert line(out, "output dir").startswith(f"PASS output dir {run}: writable")
+    text = line(out, "last run's data wait")
+    assert f"fix: python -m train.tune --config {run / 'config.resolved.yaml'} " in text
+    with pytest.raises(SystemExit) as exited:  # neither --config nor --run-dir
+        doctor.main([])
+    assert exited.value.code == 2
 
 
 # ---------------------------------------------------------------- caches

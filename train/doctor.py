@@ -1,7 +1,8 @@
 """Preflight doctor: is this machine ready for this config? One line per check, with the fix.
 
     python -m train.doctor --config configs/resnet50/single_gpu.yaml [--set key=value ...]
-        [--output-dir DIR] [--resume | --auto-resume | --overwrite]
+        [--output-dir DIR] [--resume | --auto-resume | --overwrite] [--run-dir RUN]
+    python -m train.doctor --run-dir runs/ocr-paddle-smoke
 
 Checks /dev/shm against the config's need; the GPUs (NVML) against what the framework build can
 use (compute capability, CUDA build, a tiny op on each kind of GPU, asked in a subprocess so this
@@ -9,7 +10,10 @@ process imports no framework); ulimits; CPU count against num_workers; the datas
 valid, a sample decodes); that the run directory and the caches the config uses are writable
 (a file is really created and removed there); and disk space for checkpoints in the run
 directory. --output-dir and the resume flags mean what they mean for `python -m train`, so a
-launcher can pass the training command's arguments through unchanged.
+launcher can pass the training command's arguments through unchanged. --run-dir adds a finished
+run's data wait (its summary.json) against train.stall_warn_fraction, with the loader tuner's
+command as the fix; without --config it checks that run's own config (config.resolved.yaml) and
+directory.
 Exit 1 when any check FAILs, 0 otherwise (WARN does not fail); 2 for a bad config. The container
 entrypoint runs it.
 """
@@ -264,11 +268,52 @@ def check_disk(config, run_dir: Path, free: int | None = None) -> Check:
     return Check("disk for checkpoints", "PASS" if free > 2 * need else "WARN", detail)
 
 
-def run_checks(config, output_dir: str | None = None, resume: str | None = None) -> list[Check]:
+def check_run_summary(run_dir: Path, config, tune: str) -> Check:
+    """A finished run's data wait (summary.json) against train.stall_warn_fraction; ``tune``
+    is the tuner's command for the config checked, used when the summary has none."""
+    import json
+
+    from train.stall import BOTTLENECK_FRACTION
+
+    name = "last run's data wait"
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        fraction = float(summary["data_wait_fraction"])
+    except FileNotFoundError:
+        detail = f"{path}: missing (the run has not finished, or ended with an error)"
+        return Check(name, "WARN", detail, "--run-dir a directory of a finished run")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        detail = f"{path}: no data_wait_fraction to read ({type(exc).__name__}: {exc})"
+        return Check(name, "WARN", detail)
+    limit = config.train.stall_warn_fraction
+    detail = (
+        f"{run_dir}: the steps waited on data {fraction:.0%} of the time "
+        f"(train.stall_warn_fraction {limit:.0%})"
+    )
+    if fraction <= limit:
+        return Check(name, "PASS", detail)
+    # The run's own sentence and command (its scenario and --set items) when it wrote them;
+    # runs from before they existed, or below the summary's own threshold, get this config's.
+    if fraction > BOTTLENECK_FRACTION and summary.get("loader_bottleneck"):
+        detail += f"; {summary['loader_bottleneck']}"
+    fix = f"{summary.get('loader_tune') or tune} (finds loader settings for this host)"
+    return Check(name, "WARN", detail, fix)
+
+
+def run_checks(
+    config,
+    output_dir: str | None = None,
+    resume: str | None = None,
+    run_dir: str | None = None,
+    tune: str = "",
+) -> list[Check]:
     """All checks; ``output_dir`` is --output-dir (None: output.dir), ``resume`` the resume
-    flag given (resume, auto_resume, overwrite or None)."""
+    flag given (resume, auto_resume, overwrite or None), ``run_dir`` a finished run to read
+    (--run-dir) and ``tune`` the tuner's command for this config."""
     from train.cpus import resolve_loader
 
+    finished = run_dir  # --run-dir; run_dir below is the directory a new run would write
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("PADDLE_LOCAL_SIZE", "1")))
     config, reason = resolve_loader(config, local_world_size=ranks)
     checks = []
@@ -290,6 +335,8 @@ def run_checks(config, output_dir: str | None = None, resume: str | None = None)
         output_check,
         check_disk(config, run_dir, probe.free_bytes),
     ]
+    if finished is not None:
+        checks.append(check_run_summary(Path(finished), config, tune))
     return checks
 
 
@@ -311,11 +358,20 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="scenario YAML, as for python -m train")
+    parser.add_argument(
+        "--config",
+        help="scenario YAML, as for python -m train (default with --run-dir: that run's "
+        "config.resolved.yaml)",
+    )
     add_overrides_argument(parser)
     parser.add_argument(
         "--output-dir",
         help="run directory, as for python -m train (default: output.dir of the config)",
+    )
+    parser.add_argument(
+        "--run-dir",
+        help="a finished run's directory: warn when its data wait (summary.json) was above "
+        "train.stall_warn_fraction",
     )
     group = parser.add_mutually_exclusive_group()
     for flag in ("--resume", "--auto-resume", "--overwrite"):
@@ -332,15 +388,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.config import ConfigError, load_config
+    from train.config import RESOLVED_NAME, ConfigError, load_config
+    from train.stall import tune_command
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.config is None and args.run_dir is None:
+        parser.error("--config is required (or --run-dir, to check a finished run)")
+    config_path, output_dir = args.config, args.output_dir
+    if config_path is None:  # the run's own config, and its directory
+        config_path = str(Path(args.run_dir) / RESOLVED_NAME)
+        output_dir = output_dir or args.run_dir
     try:
-        config = load_config(args.config, args.overrides)
+        config = load_config(config_path, args.overrides)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    checks = run_checks(config, args.output_dir, args.resume)
+    tune = tune_command(config_path, args.overrides)
+    checks = run_checks(config, output_dir, args.resume, args.run_dir, tune)
     print(render(checks))
     failed = [c.name for c in checks if c.status == "FAIL"]
     print(
