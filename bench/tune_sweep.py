@@ -12,7 +12,7 @@
    of the shared host hits each alike; medians. A sweep's single fastest figure is the maximum
    of many noisy measurements, so the pick is compared with the re-measured medians.
 
-Writes bench/results/tune-<task>-<framework>.json and .md (or --out). --step-ms 1 makes the
+Writes a JSON and a Markdown file named tune-TASK-FRAMEWORK into bench/results/ (or --out). --step-ms 1 makes the
 device much faster than any loader on a CPU host: the loader is the limit.
 """
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=60.0, help="the tuner's budget")
     parser.add_argument("--window-s", type=float, default=2.0, help="each sweep run's window")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds at the end")
-    parser.add_argument("--out", type=Path, help="results stem (default bench/results/tune-...)")
+    parser.add_argument("--out", type=Path, help="results path without suffix")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 

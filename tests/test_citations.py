@@ -45,9 +45,6 @@ ABSENT_ON_PURPOSE = {
     "bench/results/merged.json": "scripts/bench_loader.py: the default name of a merged result",
     "train.evaluate": "scripts/ci_containers.sh: a command the comment says is not here yet",
     "scripts/gpu_check.py": "scripts/gpu_check/__main__.py: the check's former single-file name",
-    # The Makefile, compose.yaml, the doctor and the run summary point at the loader tuner, whose
-    # package is developed apart from them: drop this entry once the package is in the tree.
-    "train.tune": "the loader tuner's command, python -m train.tune",
 }
 DOTTED = re.compile(r"(?<![\w./$-])((?:" + "|".join(PACKAGES) + r")(?:\.[A-Za-z_]\w*)+)")
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
