@@ -480,6 +480,21 @@ def test_extends_deep_merges_dicts_and_replaces_lists(tmp_path: Path):
     assert config.seed == 7
 
 
+def test_extends_not_beside_the_file_is_found_from_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    (tmp_path / "tuned.yaml").write_text("extends: configs/resnet50/smoke.yaml\nseed: 5\n")
+    config = load_config(tmp_path / "tuned.yaml")
+    assert config.seed == 5 and config.model.name == "resnet18"
+    # A file beside it wins: the rule relative to the containing file comes first.
+    (tmp_path / "configs" / "resnet50").mkdir(parents=True)
+    (tmp_path / "configs" / "resnet50" / "smoke.yaml").write_text(
+        "extends: " + str(REPO_ROOT / "configs/resnet50/smoke.yaml") + "\nseed: 9\n"
+    )
+    assert load_config(tmp_path / "tuned.yaml").seed == 5
+    (tmp_path / "tuned.yaml").write_text("extends: configs/resnet50/smoke.yaml\n")
+    assert load_config(tmp_path / "tuned.yaml").seed == 9
+
+
 def test_extends_accepts_an_absolute_path(tmp_path: Path):
     (tmp_path / "child.yaml").write_text(
         f"extends: {REPO_ROOT / 'configs/resnet50/smoke.yaml'}\nseed: 5\n"

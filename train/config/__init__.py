@@ -18,7 +18,9 @@ Rules of the format
 - The schema is the dataclasses in schema.py. Parsing walks their type hints, so a new knob is
   one line. Unknown keys, wrong types and out-of-range values are errors, never silently ignored.
 - `extends: base.yaml` deep-merges a file over its base (chains allowed): mappings merge, lists
-  and scalars replace. The extends path is relative to the file that contains it.
+  and scalars replace. The extends path is relative to the file that contains it; one not
+  found there is looked up from the working directory (the repository root), so a file written
+  elsewhere (train.tune's tuned.yaml under runs/) can name its scenario as configs/....
 - `--set key.path=value` overrides are read as YAML values and checked exactly like file values.
 - Dataset and dictionary paths (data.train, data.val, data.char_dict, data.skip_keys_file) are
   relative to the repository root, i.e. the working directory of `python -m train`, NOT to the

@@ -91,12 +91,21 @@ def _read_with_extends(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict[
     if not isinstance(base_ref, str) or not base_ref.strip():
         raise ConfigError("extends", f"expected a file path, got {show(base_ref)}", source=label)
     base_path = (path.parent / base_ref).resolve()  # an absolute base_ref stays absolute
+    from_cwd = Path(base_ref).resolve()
+    if not base_path.is_file() and from_cwd.is_file():
+        # Not beside the file: from the working directory (the repository root, as the data
+        # paths are). A file written outside configs/ names its scenario this way and works in
+        # every layout: train.tune's tuned.yaml under runs/, in a checkout and in a container,
+        # where runs/ is mounted elsewhere.
+        base_path = from_cwd
     if base_path in (*chain, path):
         loop = [*chain, path][[*chain, path].index(base_path) :] + [base_path]
         cycle = " -> ".join(_display(p) for p in loop)
         raise ConfigError("extends", f"cycle {cycle}", "remove one of these extends", label)
     if not base_path.is_file():
-        hint = "extends paths are relative to the file that contains them"
+        hint = (
+            "extends paths are relative to the file that contains them (or the working directory)"
+        )
         raise ConfigError("extends", f"file not found: {_display(base_path)}", hint, label)
     base, origins = _read_with_extends(base_path, (*chain, path))
     return _deep_merge(base, data, label, origins, ""), origins

@@ -58,9 +58,10 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def tuned_yaml(tuning: Tuning, scenario: Path, out_dir: Path, overrides: dict, command: str):
-    """The text of tuned.yaml: ``extends:`` the scenario (a path relative to out_dir, as
-    extends paths are), the command line's --set values, then the chosen knobs."""
-    extends = os.path.relpath(scenario.resolve(), out_dir.resolve())
+    """The text of tuned.yaml: ``extends:`` the scenario as the command line named it (a
+    relative path is looked up from the working directory, the repository root, in a checkout
+    and in a container alike), the command line's --set values, then the chosen knobs."""
+    extends = str(scenario)
     body = merge(overrides, knobs(tuning.pick))
     header = [
         f"# Written by: {command}",
