@@ -12,8 +12,9 @@
    of the shared host hits each alike; medians. A sweep's single fastest figure is the maximum
    of many noisy measurements, so the pick is compared with the re-measured medians.
 
-Writes a JSON and a Markdown file named tune-TASK-FRAMEWORK into bench/results/ (or --out). --step-ms 1 makes the
-device much faster than any loader on a CPU host: the loader is the limit.
+Writes a JSON and a Markdown file named tune-TASK-FRAMEWORK into bench/results/ (or --out).
+--step-ms 1 makes the device much faster than any loader on a CPU host: the loader is the
+limit.
 """
 
 from __future__ import annotations

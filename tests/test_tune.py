@@ -14,7 +14,7 @@ import yaml
 
 from tests.test_train import ROOT, data_overrides, set_args
 from train.tune import model
-from train.tune.measure import StageSample, summarize
+from train.tune.measure import LoaderCpu, StageSample, summarize
 
 MS = 1e-3
 COSTS = model.StageCosts(
@@ -23,8 +23,10 @@ COSTS = model.StageCosts(
     decode_s=1 * MS,
     augment_s=1 * MS,
     collate_s=0.0,
-    trainer_s=10 * MS,
-    sample_bytes=1,  # hand-over copies cost nothing here: the known answers ignore them
+    trainer_alone_s=10 * MS,
+    worker_handover_s={True: 0.0, False: 0.0},
+    trainer_handover_s={True: 10 * MS, False: 10 * MS},
+    sample_bytes=1,
     record_bytes=1.0,
     batch_cv=0.0,
 )
@@ -34,8 +36,7 @@ HOST = model.Host(
     memory_available_bytes=1 << 40,
     dataset_bytes=1 << 20,
     cache_dir_free_bytes=1 << 40,
-    copy_bytes_per_s=1e12,
-    fresh_copy_bytes_per_s=1e12,
+    copy_bytes_per_s=1e12,  # a cache hit costs nothing
 )
 
 
@@ -126,7 +127,7 @@ def test_the_measured_runs_cover_the_pick_and_its_neighbours():
     assert len(plan.to_verify) == len(set(plan.to_verify))
 
 
-def test_summarize_takes_medians_and_the_trainer_work_beyond_the_batch():
+def test_summarize_takes_medians_and_the_handover_beyond_making_the_batch():
     sample = StageSample(
         read_s=[0.004, 0.002, 0.003],
         reread_s=[0.001, 0.001, 0.001],
@@ -137,13 +138,20 @@ def test_summarize_takes_medians_and_the_trainer_work_beyond_the_batch():
         sample_bytes=30,
         record_bytes=1000.0,
     )
-    costs = summarize(sample, trainer_batch_s=[0.6, 0.6, 0.7])
+    runs = {
+        "alone": LoaderCpu(trainer_s=0.6, workers_s=0.0, batches=4),
+        True: LoaderCpu(trainer_s=0.02, workers_s=0.51, batches=4),
+        False: LoaderCpu(trainer_s=0.01, workers_s=0.55, batches=4),
+    }
+    costs = summarize(sample, runs)
     assert costs.read_s == pytest.approx(0.003)
     assert costs.decode_s == pytest.approx(0.002)
     assert costs.augment_s == pytest.approx(0.003)
     # 5 ms a sample in a batch, less the 1 ms read: the transform's 5 ms minus 1 ms
     assert costs.collate_s == pytest.approx(-0.001)
-    assert costs.trainer_s == pytest.approx(0.1)
+    assert costs.trainer_alone_s == pytest.approx(0.1)
+    assert costs.worker_handover_s == {True: pytest.approx(0.01), False: pytest.approx(0.05)}
+    assert costs.trainer_handover_s == {True: 0.02, False: 0.01}
     assert costs.batch_cv == pytest.approx(0.0)
 
 

@@ -3,19 +3,23 @@ data, what this host (this container) gives the loader, and the step the loader 
 with. Framework-free except :func:`step_seconds`, which builds the model with the backend.
 
 Each stage is timed where a worker runs it, with the dataset's own calls:
-- read: ``source.read`` of a record, the first time (storage) and again (the page cache);
-- decode: the image decode alone (``datasets.decode.decode_bgr``, the full image);
-- augment: the rest of the transform (augmentation, crop and resize, label encoding);
+- read: ``source.read`` of a record, the first time (storage) and again (the page cache), in
+  wall time (a read may wait on storage);
+- decode: the image decode alone (``datasets.decode.decode_bgr``, the full image), CPU time;
+- augment: the rest of the transform (augmentation, crop and resize, label encoding), CPU time;
 - batched: what a sample costs inside ``get_batch``, the call a worker makes per batch (the
-  transform writes into the batch's rows, so it may cost less than the transform alone); the
-  model uses this figure, read excluded;
-- hand-over: copy rates of a batch's bytes into mapped and into freshly mapped shared pages,
-  which bench/handover.py's copy counts turn into seconds per batch.
+  transform writes into the batch's rows, so it may cost less than the transform alone), CPU
+  time; the model uses this figure, read excluded;
+- hand-over: the CPU seconds per batch of the backend's real loader, in the trainer process and
+  in the workers, without workers and with one (ring on and off): what a batch costs beyond
+  making it, on each side.
+CPU time (not wall time) is what a stage demands of a core: on a busy host the wall time of
+the same work grows with what else runs.
 """
 
 from __future__ import annotations
 
-import mmap
+import math
 import os
 import shutil
 import statistics
@@ -72,42 +76,57 @@ def writable_free_bytes(folder: str) -> int:
     return shutil.disk_usage(path).free
 
 
-def copy_rates(nbytes: int, repeats: int = 3) -> tuple[float, float]:
-    """(bytes/s into mapped pages, bytes/s into freshly mapped shared pages) for a copy of
-    ``nbytes``: the two kinds of copy a hand-over makes. Fresh pages are an anonymous shared
-    mapping, the same tmpfs pages a /dev/shm file gets, each faulted in on its first write."""
+def copy_rate(nbytes: int, repeats: int = 3) -> float:
+    """Bytes/s of a copy of ``nbytes`` into pages already mapped: what a cache hit costs per
+    byte of its record."""
     nbytes = max(nbytes, 1 << 16)
     source = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     target = np.empty_like(source)
     np.copyto(target, source)  # fault the target's pages in once
-    mapped, fresh = [], []
+    took = []
     for _ in range(repeats):
         start = time.perf_counter()
         np.copyto(target, source)
-        mapped.append(time.perf_counter() - start)
-        with mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED) as pages:
-            view = np.frombuffer(pages, dtype=np.uint8)
-            start = time.perf_counter()
-            np.copyto(view, source)
-            fresh.append(time.perf_counter() - start)
-            del view
-    return nbytes / min(mapped), nbytes / min(fresh)
+        took.append(time.perf_counter() - start)
+    return nbytes / min(took)
 
 
-def host_facts(data, copy_nbytes: int) -> Host:
-    mapped, fresh = copy_rates(copy_nbytes)
+class OtherLoad:
+    """Cores that processes outside this one's tree keep busy, between ``start`` and ``stop``:
+    the host's busy CPU seconds less this process tree's, over the wall time."""
+
+    def start(self) -> OtherLoad:
+        self.began, self.host, self.ours = time.perf_counter(), _host_busy(), sum(_process_cpu())
+        return self
+
+    def stop(self) -> float:
+        wall = time.perf_counter() - self.began
+        others = (_host_busy() - self.host) - (sum(_process_cpu()) - self.ours)
+        return max(0.0, others / wall) if wall > 0 else 0.0
+
+
+def _host_busy() -> float:
+    import psutil
+
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    guest = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    return sum(times) - idle - guest
+
+
+def host_facts(data, copy_nbytes: int, busy_elsewhere: float = 0.0) -> Host:
     try:
         shm_free = shutil.disk_usage(SHM_PATH).free
     except OSError:
         shm_free = 0
     return Host(
         cores=usable_cores(),
+        busy_elsewhere=busy_elsewhere,
         shm_free_bytes=shm_free,
         memory_available_bytes=memory_available(),
         dataset_bytes=path_bytes(data.train),
         cache_dir_free_bytes=writable_free_bytes(data.cache_dir),
-        copy_bytes_per_s=mapped,
-        fresh_copy_bytes_per_s=fresh,
+        copy_bytes_per_s=copy_rate(copy_nbytes),
     )
 
 
@@ -126,9 +145,17 @@ class StageSample:
 
 
 def _timed(call, *args):
+    """(result, wall seconds)."""
     start = time.perf_counter()
     result = call(*args)
     return result, time.perf_counter() - start
+
+
+def _cpu_timed(call, *args):
+    """(result, CPU seconds of this thread)."""
+    start = time.thread_time()
+    result = call(*args)
+    return result, time.thread_time() - start
 
 
 def time_stages(dataset, batch_size: int, seed: int, seconds: float) -> StageSample:
@@ -145,8 +172,9 @@ def time_stages(dataset, batch_size: int, seed: int, seconds: float) -> StageSam
         index = dataset._source_index(int(position))
         (data, label), read = _timed(dataset.source.read, index)
         _, reread = _timed(dataset.source.read, index)
-        _, decoded = _timed(decode.decode_bgr, data, None)
-        transformed, transform = _timed(dataset.transform, data, label, SampleRng((seed, 0, index)))
+        _, decoded = _cpu_timed(decode.decode_bgr, data, None)
+        rng = SampleRng((seed, 0, index))
+        transformed, transform = _cpu_timed(dataset.transform, data, label, rng)
         sample.read_s.append(read)
         sample.reread_s.append(reread)
         sample.decode_s.append(decoded)
@@ -158,31 +186,80 @@ def time_stages(dataset, batch_size: int, seed: int, seconds: float) -> StageSam
     start = 0
     while len(sample.batch_s) < 2 or (time.perf_counter() < deadline and len(sample.batch_s) < 32):
         items = [(0, int(p)) for p in np.resize(order, start + batch_size)[start:]]
-        _, took = _timed(dataset.get_batch, items)
+        _, took = _cpu_timed(dataset.get_batch, items)
         sample.batch_s.append(took)
         start = (start + batch_size) % len(dataset)
     return sample
 
 
-def trainer_seconds(config, backend, dataset, on_device: bool, batches: int = 4) -> list[float]:
-    """Seconds per batch of the backend's loader without workers, batches taken as the measured
-    runs take them (train/tune/verify.py, batches_of): loading plus the trainer's own work on
-    each batch."""
+@dataclass(frozen=True)
+class LoaderCpu:
+    """CPU seconds per batch of a real loader run: the trainer process's (all its threads) and
+    its workers' (0 without workers)."""
+
+    trainer_s: float
+    workers_s: float
+    batches: int
+
+
+def _process_cpu() -> tuple[float, float]:
+    """(this process's CPU seconds, its child processes', live and reaped)."""
+    import psutil
+
+    me = psutil.Process()
+    own = me.cpu_times()
+    children = own.children_user + own.children_system
+    for child in me.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # exited since the listing: in children_* once reaped
+            continue
+        children += times.user + times.system
+    return own.user + own.system, children
+
+
+def loader_cpu(
+    config, backend, dataset, workers: int, ring: bool, on_device: bool, batches: int
+) -> LoaderCpu:
+    """The backend's loader at ``workers`` (prefetch 2, ``ring``), one epoch of ``batches``
+    taken as the measured runs take them (train/tune/verify.py, batches_of) after the workers'
+    first round: CPU seconds per batch on each side (the kernel counts CPU time in 10 ms ticks:
+    a second of batches keeps that under 1%)."""
     import dataclasses
 
     from datasets.sampler import EpochSampler
 
-    loader_cfg = dataclasses.replace(config.loader, num_workers=0, prefetch_factor=None)
+    loader_cfg = dataclasses.replace(
+        config.loader,
+        num_workers=workers,
+        prefetch_factor=2 if workers else None,
+        batch_ring=ring,
+        persistent_workers=False,
+    )
     batch_size = config.loader.batch_size
-    sampler = EpochSampler((batches + 1) * batch_size, shuffle=True, seed=config.seed)
+    warm, measured = workers + 1, max(batches, 2 * workers)
+    sampler = EpochSampler((warm + measured) * batch_size, shuffle=True, seed=config.seed)
     loader = backend.make_loader(dataset, sampler, loader_cfg, train=True)
     iterator = batches_of(backend, loader, on_device)
-    next(iterator)  # the first batch allocates what the later ones reuse
-    took = []
-    for _ in range(batches):
-        _, seconds = _timed(next, iterator)
-        took.append(seconds)
-    return took
+    for _ in range(warm):  # the first batches allocate what the later ones reuse
+        next(iterator)
+    trainer, children = _process_cpu()
+    count = sum(1 for _ in iterator)
+    trainer_end, children_end = _process_cpu()
+    workers_s = (children_end - children) / count if workers else 0.0
+    return LoaderCpu((trainer_end - trainer) / count, workers_s, count)
+
+
+def handover(config, backend, dataset, on_device: bool, batch_s: float) -> dict:
+    """What a batch costs beyond making it, measured on the real loader: without workers
+    (the trainer's own work on a batch it made) and with one worker, ring on and off (the
+    worker's side and the trainer's). {"alone": LoaderCpu, True: LoaderCpu, False: LoaderCpu}.
+    ``batch_s``: a batch's CPU time in a worker, which sizes each run to about a second."""
+    batches = min(200, max(8, math.ceil(1.0 / max(batch_s, 1e-3))))
+    runs = {"alone": loader_cpu(config, backend, dataset, 0, False, on_device, batches)}
+    for ring in (True, False):
+        runs[ring] = loader_cpu(config, backend, dataset, 1, ring, on_device, batches)
+    return runs
 
 
 def _cv(values: list[float]) -> float:
@@ -192,11 +269,11 @@ def _cv(values: list[float]) -> float:
     return statistics.stdev(values) / mean if mean > 0 else 0.0
 
 
-def summarize(sample: StageSample, trainer_batch_s: list[float]) -> StageCosts:
+def summarize(sample: StageSample, runs: dict) -> StageCosts:
     """Medians per stage (one slow outlier must not move the mean the model sees; its spread
     is the cv). A batch's cv is the larger of the batches' measured spread and the samples'
-    spread averaged over a batch (independent samples: cv / sqrt(batch)). The trainer's own
-    work per batch is what a batch without workers took beyond making it."""
+    spread averaged over a batch (independent samples: cv / sqrt(batch)). The hand-over's
+    costs are the loader runs' (``handover``) beyond making the batch."""
     median = statistics.median
     reread = median(sample.reread_s)
     decoded = median(sample.decode_s)
@@ -211,7 +288,9 @@ def summarize(sample: StageSample, trainer_batch_s: list[float]) -> StageCosts:
         decode_s=min(decoded, transform),
         augment_s=max(0.0, transform - decoded),
         collate_s=batched - transform,
-        trainer_s=max(0.0, median(trainer_batch_s) - batch),
+        trainer_alone_s=max(0.0, runs["alone"].trainer_s - batch),
+        worker_handover_s={ring: max(0.0, runs[ring].workers_s - batch) for ring in (True, False)},
+        trainer_handover_s={ring: runs[ring].trainer_s for ring in (True, False)},
         sample_bytes=sample.sample_bytes,
         record_bytes=sample.record_bytes,
         batch_cv=cv,
@@ -234,7 +313,14 @@ def describe(sample: StageSample, costs: StageCosts) -> dict:
         "transform": ms(sample.transform_s),
         "batch": ms(sample.batch_s),
         "batched_per_sample_ms": round((costs.transform_s + costs.collate_s) * 1e3, 4),
-        "trainer_per_batch_ms": round(costs.trainer_s * 1e3, 3),
+        "trainer_alone_per_batch_ms": round(costs.trainer_alone_s * 1e3, 3),
+        "handover_per_batch_ms": {
+            ("ring" if ring else "framework"): {
+                "worker": round(costs.worker_handover_s[ring] * 1e3, 3),
+                "trainer": round(costs.trainer_handover_s[ring] * 1e3, 3),
+            }
+            for ring in (True, False)
+        },
         "batch_cv": round(costs.batch_cv, 4),
         "sample_bytes": costs.sample_bytes,
         "record_bytes": round(costs.record_bytes),

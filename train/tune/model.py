@@ -15,8 +15,10 @@ With no workers the trainer reads each batch itself, while the device runs the s
 (CUDA steps are asynchronous), so rate = 1 / max(load_s, step_s).
 
 What a batch costs a worker is read + decode + augment for each sample, the collate, and the
-worker's side of the hand-over (copies of the batch's bytes, bench/handover.py counts them);
-the cache changes the read, the batch ring the copies. The prefetch depth does not raise the
+worker's side of the hand-over; the trainer's side is its whole work on a batch (receiving it,
+to the device, normalizing). Both sides of the hand-over are measured on the real loader with
+the ring on and off (bench/handover.py counts the copies that make them differ); the cache
+changes the read. The prefetch depth does not raise the
 bound: it absorbs the spread of batch times, and a batch that takes longer than the batches in
 flight can cover stalls the trainer. That loss is modelled as a factor
 1 / (1 + closeness x cv^2 / (2 Q)): cv the batch time's coefficient of variation, Q = workers x
@@ -48,16 +50,6 @@ BOTTLENECK_TEXT = {
 PREFETCH_CHOICES = (1, 2, 4)
 CACHE_CHOICES = ("none", "memory", "disk")
 MAX_WORKERS = 8  # past 8, workers rarely help one device (train/cpus.py's rule of thumb)
-# Copies of a batch's bytes after the samples are stacked (bench/handover.py measures these):
-# (in a worker, into mapped pages), (in a worker, into freshly mapped pages), (in the trainer).
-HANDOVER_COPIES = {
-    ("torch", True): (0, 0, 1),  # the ring slot is copied into the trainer's tensor
-    ("torch", False): (0, 1, 0),  # the queue moves the batch into a new /dev/shm file
-    ("paddle", True): (0, 0, 1),
-    ("paddle", False): (1, 1, 0),  # a LoDTensor, then pickled into a new /dev/shm file
-}
-# Without workers: (mapped, fresh, in the trainer); Paddle makes the numpy batch a tensor.
-NO_WORKER_COPIES = {"torch": (0, 0, 0), "paddle": (0, 0, 1)}
 
 
 @dataclass(frozen=True)
@@ -69,8 +61,12 @@ class StageCosts:
     decode_s: float  # decoding the image
     augment_s: float  # the rest of the transform: augmentation, resize, label encoding
     collate_s: float  # stacking into the batch and the dataset's per-batch work, per sample
-    trainer_s: float  # the trainer's work per batch besides loading it (to tensors, device,
-    # normalization), measured without workers
+    # Per batch, beyond making it (the real loader's CPU seconds, train/tune/measure.py): the
+    # trainer's own work without workers (to tensors, to the device, normalization), and with
+    # workers, by batch ring on/off, each side's: the worker's hand-over, the trainer's whole.
+    trainer_alone_s: float
+    worker_handover_s: dict  # {ring: seconds}
+    trainer_handover_s: dict  # {ring: seconds}
     sample_bytes: int  # one collated sample (what is handed over)
     record_bytes: float  # one stored record, encoded
     batch_cv: float  # coefficient of variation of a batch's time in a worker
@@ -89,8 +85,8 @@ class Host:
     memory_available_bytes: int  # for the page cache (and a memory cache)
     dataset_bytes: int  # the training data on storage
     cache_dir_free_bytes: int  # where data.cache: disk would write
-    copy_bytes_per_s: float  # memcpy into pages already mapped
-    fresh_copy_bytes_per_s: float  # memcpy into freshly mapped /dev/shm pages (page faults)
+    copy_bytes_per_s: float  # memcpy into pages already mapped: a cache hit's cost per byte
+    busy_elsewhere: float = 0.0  # cores other processes kept busy while the tuner measured
 
 
 @dataclass(frozen=True)
@@ -161,26 +157,21 @@ def read_seconds(costs: StageCosts, host: Host, target: Target, cache: str) -> f
     return held * hit + (1 - held) * uncached
 
 
-def handover_seconds(costs: StageCosts, host: Host, target: Target, candidate: Candidate):
-    """(a worker's, the trainer's) seconds to hand one batch over."""
-    nbytes = costs.sample_bytes * target.batch_size
+def handover_seconds(costs: StageCosts, candidate: Candidate) -> tuple[float, float]:
+    """(a worker's, the trainer's) seconds per batch besides making it."""
     if candidate.workers == 0:
-        return 0.0, costs.trainer_s
-    # trainer_s was measured without workers, its copies included: swap them for the hand-over's.
-    *_, alone = NO_WORKER_COPIES[target.framework]
-    mapped, fresh, main = HANDOVER_COPIES[(target.framework, candidate.ring)]
-    worker = mapped * nbytes / host.copy_bytes_per_s + fresh * nbytes / host.fresh_copy_bytes_per_s
-    trainer = costs.trainer_s + (main - alone) * nbytes / host.copy_bytes_per_s
-    return worker, max(0.0, trainer)
+        return 0.0, costs.trainer_alone_s
+    return costs.worker_handover_s[candidate.ring], costs.trainer_handover_s[candidate.ring]
 
 
 def predict(costs: StageCosts, host: Host, target: Target, candidate: Candidate) -> Prediction:
     batch = target.batch_size
     read = read_seconds(costs, host, target, candidate.cache)
     per_sample = read + costs.transform_s + costs.collate_s
-    worker_h, main_h = handover_seconds(costs, host, target, candidate)
+    worker_h, main_h = handover_seconds(costs, candidate)
     worker_s = batch * per_sample + worker_h
-    cores = host.cores / max(1, target.local_ranks)
+    # Other processes' load takes its share of the cores (a shared node, a noisy neighbour).
+    cores = max(1.0, host.cores - host.busy_elsewhere) / max(1, target.local_ranks)
     limits: dict[str, float] = {GPU: batch / target.step_s if target.step_s > 0 else math.inf}
     if candidate.workers == 0:
         limits[CPU] = batch / (worker_s + main_h)

@@ -80,11 +80,13 @@ def as_json(tuning: Tuning, command: str, train_command: str) -> dict:
         return None if value is None else round(value, 1)
 
     rows = []
-    for measured in tuning.measured:
-        predicted = model.predict(tuning.costs, tuning.host, tuning.target, measured.candidate)
+    for candidate, runs in tuning.rates().items():
+        predicted = model.predict(tuning.costs, tuning.host, tuning.target, candidate)
         rows.append(
             {
-                **measured.as_dict(),
+                "setting": candidate.label(),
+                "samples_per_s": rate(tuning.measured_rate(candidate)),
+                "runs": [rate(r) for r in runs],
                 "predicted_samples_per_s": rate(predicted.samples_per_s),
                 "model_bottleneck": predicted.bottleneck,
                 "shm_mb": round(predicted.shm_bytes / MB, 1),
@@ -145,12 +147,12 @@ def markdown(report: dict, tuning: Tuning) -> str:
         "",
         "## This host",
         "",
-        "| cores | /dev/shm free | memory available | training data | copy, mapped pages | "
-        "copy, fresh shared pages |",
+        "| cores | busy elsewhere | /dev/shm free | memory available | training data | "
+        "memory copy |",
         "|---:|---:|---:|---:|---:|---:|",
-        f"| {host.cores} | {host.shm_free_bytes / MB:.0f} MiB | "
+        f"| {host.cores} | {host.busy_elsewhere:.2f} cores | {host.shm_free_bytes / MB:.0f} MiB | "
         f"{host.memory_available_bytes / MB:.0f} MiB | {host.dataset_bytes / MB:.1f} MiB | "
-        f"{host.copy_bytes_per_s / MB:.0f} MiB/s | {host.fresh_copy_bytes_per_s / MB:.0f} MiB/s |",
+        f"{host.copy_bytes_per_s / MB:.0f} MiB/s |",
         "",
         f"## Stages, per sample (median of {stages['samples_timed']} records, "
         f"{stages['batches_timed']} batches)",
@@ -163,19 +165,26 @@ def markdown(report: dict, tuning: Tuning) -> str:
         f"{max(0.0, stages['transform']['median_ms'] - stages['decode']['median_ms']):.4f} ms | "
         f"{stages['batched_per_sample_ms']} ms | {stages['batch_cv']} |",
         "",
+        "Per batch beyond making it, CPU (the real loader's runs): the trainer's own work "
+        f"without workers {stages['trainer_alone_per_batch_ms']} ms; with a worker, ring on: "
+        f"worker {stages['handover_per_batch_ms']['ring']['worker']} ms, trainer "
+        f"{stages['handover_per_batch_ms']['ring']['trainer']} ms; ring off: worker "
+        f"{stages['handover_per_batch_ms']['framework']['worker']} ms, trainer "
+        f"{stages['handover_per_batch_ms']['framework']['trainer']} ms.",
+        "",
         f"The step: {step_text}; the device takes {report['device_samples_per_s']} samples/s.",
         "",
         f"## Settings measured ({len(report['measured'])} of {report['candidates_modelled']} "
         "modelled)",
         "",
-        "| setting | predicted samples/s | measured samples/s | the model's bottleneck | "
-        "/dev/shm need |",
-        "|---|---:|---:|---|---:|",
+        "| setting | predicted samples/s | measured samples/s (median) | runs | the model's "
+        "bottleneck | /dev/shm need |",
+        "|---|---:|---:|---:|---|---:|",
     ]
     for row in report["measured"]:
         lines.append(
             f"| {row['setting']} | {row['predicted_samples_per_s']} | {row['samples_per_s']} | "
-            f"{row['model_bottleneck']} | {row['shm_mb']} MiB |"
+            f"{len(row['runs'])} | {row['model_bottleneck']} | {row['shm_mb']} MiB |"
         )
     lines += [
         "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -14,8 +15,10 @@ from train.tune import measure, model, verify
 
 log = logging.getLogger("train.tune")
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 WITHIN = 0.03  # a setting within 3% of the fastest is as good: take the cheapest such
-# Shares of the budget: the stage costs, the step, and the measured runs (the rest).
+# Shares of the budget: the stage costs, the step, and the measured runs (the rest; the
+# hand-over's three short loader runs come out of it).
 STAGES_SHARE, STEP_SHARE = 0.1, 0.1
 
 
@@ -35,9 +38,17 @@ class Tuning:
     bottleneck: str = ""
     elapsed_s: float = 0.0
 
+    def rates(self) -> dict[model.Candidate, list[float]]:
+        """Samples/s of each measured setting's runs, in the order first measured."""
+        rates: dict[model.Candidate, list[float]] = {}
+        for result in self.measured:
+            rates.setdefault(result.candidate, []).append(result.samples_per_s)
+        return rates
+
     def measured_rate(self, candidate: model.Candidate) -> float | None:
-        rates = [m.samples_per_s for m in self.measured if m.candidate == candidate]
-        return max(rates) if rates else None
+        """The median of the setting's runs (None: not measured)."""
+        rates = self.rates().get(candidate)
+        return statistics.median(rates) if rates else None
 
     def predicted_rate(self, candidate: model.Candidate) -> float:
         return model.predict(self.costs, self.host, self.target, candidate).samples_per_s
@@ -80,8 +91,11 @@ def prepare(config, step_ms: float | None, local_ranks: int, held: list):
     config = dataclasses.replace(config, data=stage_remote(config))
     config, reason = resolve_loader(config, local_world_size=local_ranks)
     log.info("the scenario's num_workers here: %d (%s)", config.loader.num_workers, reason)
+    level = logging.getLogger().level
     backend = make_backend(config)
     held.append(backend.shutdown)
+    # Paddle's import sets up the root logger its own way (WARNING and up): put ours back.
+    logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
     backend.init_distributed()
     backend.seed_everything(config.seed, config.deterministic)
     return config, backend
@@ -96,12 +110,16 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
     dataset = open_train_dataset(config)
     try:
         log.info("measuring each stage on the training data (%s)", config.data.train)
+        elsewhere = measure.OtherLoad().start()
         sample = measure.time_stages(dataset, batch, config.seed, max(2.0, budget_s * STAGES_SHARE))
         on_device = step_ms is None  # the step runs here: batches go to its device
-        trainer = measure.trainer_seconds(config, backend, dataset, on_device)
-        costs = measure.summarize(sample, trainer)
+        log.info("measuring the hand-over on the %s loader", config.framework)
+        batch_s = statistics.median(sample.batch_s)
+        runs = measure.handover(config, backend, dataset, on_device, batch_s)
+        costs = measure.summarize(sample, runs)
+        busy_elsewhere = elsewhere.stop()
         stages = measure.describe(sample, costs)
-        host = measure.host_facts(config.data, costs.sample_bytes * batch)
+        host = measure.host_facts(config.data, costs.sample_bytes * batch, busy_elsewhere)
         if step_ms is not None:
             step = {"step_s": step_ms / 1e3, "source": "--step-ms"}
         else:
@@ -122,24 +140,30 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
     )
     plan = model.plan(costs, host, target, WITHIN)
     tuning = Tuning(host, costs, stages, step, target, plan, configured=configured(config))
-    # The scenario's own setting second, so the speed-up over it is measured within any budget.
-    to_verify = [plan.to_verify[0]]
-    to_verify += [c for c in (tuning.configured, *plan.to_verify[1:]) if c not in to_verify]
     device = (
         verify.RealStep(backend)
         if step_ms is None and backend.uses_gpu
         else verify.DeviceStandIn(target.step_s)
     )
-    spent = time.perf_counter() - started
-    left = max(0.0, budget_s - spent)
-    window_s = min(5.0, max(1.0, left / (2.0 * len(to_verify))))
-    for candidate in to_verify:
-        if tuning.measured and time.perf_counter() - started > budget_s:
-            log.warning("budget spent: %s not measured", candidate.label())
-            continue
+    deadline = started + budget_s
+    window_s = min(5.0, max(1.0, (deadline - time.perf_counter()) / 16))
+    search(tuning, config, backend, device, window_s, deadline, on_device=step_ms is None)
+    choose(tuning)
+    tuning.elapsed_s = time.perf_counter() - started
+    return tuning
+
+
+def search(tuning: Tuning, config, backend, device, window_s: float, deadline: float, on_device):
+    """Measured runs, from the model's pick: the pick, the scenario's own setting (for the
+    speed-up) and the model's fastest; then the untried neighbours of the fastest measured,
+    moving to a neighbour while one is faster (the model ranks the settings, the runs correct
+    it where it is wrong: a cost it cannot see); last, the settings within 10% of the fastest
+    measured again in interleaved rounds, so that a slow spell of the host does not choose."""
+
+    def run(candidate: model.Candidate) -> None:
         expected = tuning.predicted_rate(candidate)
         result = verify.measure(
-            config, backend, candidate, device, window_s, expected, on_device=step_ms is None
+            config, backend, candidate, device, window_s, expected, on_device=on_device
         )
         log.info(
             "%s: %.0f samples/s measured, %.0f predicted",
@@ -148,19 +172,50 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
             expected,
         )
         tuning.measured.append(result)
-    choose(tuning)
-    tuning.elapsed_s = time.perf_counter() - started
-    return tuning
+
+    climb_until = time.perf_counter() + 0.65 * (deadline - time.perf_counter())
+
+    def time_left(until: float = deadline) -> bool:
+        return time.perf_counter() < until
+
+    plan = tuning.plan
+    feasible = [p for p in plan.predictions if p.feasible]
+    first = dict.fromkeys([plan.pick.candidate, tuning.configured, plan.best.candidate])
+    for number, candidate in enumerate(first):
+        if number < 2 or time_left():  # the pick and the scenario's own, whatever the budget
+            run(candidate)
+    current = None
+    while time_left(climb_until):  # the rest of the budget is the final rounds
+        fastest = max(tuning.rates(), key=tuning.measured_rate)
+        if fastest == current:
+            break  # no neighbour of the fastest is faster
+        current = fastest
+        untried = [c for c in model.neighbours(current, feasible) if c not in tuning.rates()]
+        for candidate in sorted(untried, key=tuning.predicted_rate, reverse=True):
+            if time_left(climb_until):
+                run(candidate)
+    best = max(tuning.measured_rate(c) for c in tuning.rates())
+    contenders = sorted(
+        (c for c in tuning.rates() if tuning.measured_rate(c) >= 0.9 * best),
+        key=tuning.measured_rate,
+        reverse=True,
+    )[:3]
+    for round_number in range(4):
+        if len(contenders) < 2:
+            break
+        for candidate in contenders if round_number % 2 else contenders[::-1]:
+            if time_left():
+                run(candidate)
 
 
 def choose(tuning: Tuning) -> None:
     """The cheapest measured setting within WITHIN of the fastest measured, and its bottleneck:
     the device when it ran at the device's rate, otherwise what the model says holds it."""
-    pick = model.cheapest_within(tuning.measured, lambda m: m.samples_per_s, WITHIN)
-    tuning.pick = pick.candidate
+    pick = model.cheapest_within(list(tuning.rates()), tuning.measured_rate, WITHIN)
+    tuning.pick = pick
     device_rate = tuning.target.batch_size / tuning.target.step_s
-    predicted = model.predict(tuning.costs, tuning.host, tuning.target, pick.candidate)
-    if pick.samples_per_s >= (1 - WITHIN) * device_rate:
+    predicted = model.predict(tuning.costs, tuning.host, tuning.target, pick)
+    if tuning.measured_rate(pick) >= (1 - WITHIN) * device_rate:
         tuning.bottleneck = model.GPU
     elif tuning.plan.bottleneck == model.SHM:
         tuning.bottleneck = model.SHM
