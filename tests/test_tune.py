@@ -73,6 +73,18 @@ def test_a_slow_device_gets_fewer_workers_and_is_named_the_limit():
     assert plan.bottleneck == model.GPU
 
 
+def test_a_cpu_step_shares_the_trainer_and_the_cores_with_the_loader():
+    # A 0.3 s step on the CPU: without workers loading is serial with it (100 / 0.51); with
+    # workers the trainer still computes each step after taking its batch (100 / 0.31).
+    cpu_target = dataclasses.replace(target(step_s=0.3), step_on_cpu=True)
+    alone = model.predict(COSTS, HOST, cpu_target, model.Candidate(0, 1, "none", False))
+    assert alone.samples_per_s == pytest.approx(100 / 0.51)
+    plan = model.plan(COSTS, HOST, cpu_target)
+    assert plan.pick.candidate == model.Candidate(1, 1, "none", True)
+    assert plan.pick.samples_per_s == pytest.approx(100 / 0.31)
+    assert plan.bottleneck == model.GPU
+
+
 def test_prefetch_grows_with_the_spread_of_batch_times():
     # A device as fast as the 4 cores' loader (closeness 1 from 4 workers on), cv 1: Q batches
     # in flight cost a factor 1 / (1 + 1 / 2Q). The fastest is 8 workers x 4 (Q 32, 0.985);

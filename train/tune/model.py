@@ -11,6 +11,9 @@ loaded resource:
     rate <= 1 / main_s                    the trainer's own hand-over of each batch
     rate <= 1 / step_s                    the device (the GPU's step, or --step-ms)
 
+A step on the CPU (train.device: cpu) is CPU seconds of the trainer process too: it joins the
+trainer's and the cores' demand, and loading without workers is serial with it.
+
 With no workers the trainer reads each batch itself, while the device runs the step it queued
 (CUDA steps are asynchronous), so rate = 1 / max(load_s, step_s).
 
@@ -97,6 +100,7 @@ class Target:
     batch_size: int  # per rank
     step_s: float  # the device's step, per rank
     local_ranks: int = 1  # ranks on this node: each has its own loader and a share of cores
+    step_on_cpu: bool = False  # the step is computed on this host's CPU (train.device: cpu)
     cache_max_bytes: int = 2 << 30  # data.cache_max_bytes
     shm_need: object = None  # (Candidate) -> bytes of /dev/shm it needs for every rank
 
@@ -172,16 +176,19 @@ def predict(costs: StageCosts, host: Host, target: Target, candidate: Candidate)
     worker_s = batch * per_sample + worker_h
     # Other processes' load takes its share of the cores (a shared node, a noisy neighbour).
     cores = max(1.0, host.cores - host.busy_elsewhere) / max(1, target.local_ranks)
-    limits: dict[str, float] = {GPU: batch / target.step_s if target.step_s > 0 else math.inf}
+    step = target.step_s
+    limits: dict[str, float] = {GPU: batch / step if step > 0 else math.inf}
+    # A CPU step runs in the trainer process, on the cores the workers use, between batches.
+    step_cpu = step if target.step_on_cpu else 0.0
     if candidate.workers == 0:
-        limits[CPU] = batch / (worker_s + main_h)
+        limits[CPU] = batch / (worker_s + main_h + step_cpu)
     else:
         limits[CPU] = min(
             batch * candidate.workers / worker_s,  # each worker makes one batch at a time
-            batch * cores / (worker_s + main_h),  # every CPU second shares the cores
+            batch * cores / (worker_s + main_h + step_cpu),  # every CPU second shares the cores
         )
         if main_h > 0:
-            limits[HANDOVER] = batch / main_h
+            limits[HANDOVER] = batch / (main_h + step_cpu)
     bound = min(limits, key=limits.get)
     loader = min(rate for name, rate in limits.items() if name != GPU)
     # Spread costs most when loader and device run at the same pace (closeness 1), nothing
@@ -189,6 +196,9 @@ def predict(costs: StageCosts, host: Host, target: Target, candidate: Candidate)
     closeness = min(loader, limits[GPU]) / max(loader, limits[GPU])
     in_flight = candidate.workers * candidate.prefetch if candidate.workers else 1
     rate = limits[bound] / (1 + closeness * costs.batch_cv**2 / (2 * in_flight))
+    # A CPU step that costs the binding resource more than the loading does is the limit.
+    if bound == HANDOVER and step_cpu >= main_h or bound == CPU and step_cpu >= worker_s + main_h:
+        bound = GPU
     if bound == CPU and read > costs.transform_s + costs.collate_s:
         bound = DISK
     shm = int(target.shm_need(candidate)) if target.shm_need else 0

@@ -134,17 +134,15 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
         framework=config.framework,
         batch_size=batch,
         step_s=step["step_s"],
+        step_on_cpu=step_ms is None and not backend.uses_gpu,
         local_ranks=local_ranks,
         cache_max_bytes=config.data.cache_max_bytes,
         shm_need=shm_need(config, local_ranks),
     )
     plan = model.plan(costs, host, target, WITHIN)
     tuning = Tuning(host, costs, stages, step, target, plan, configured=configured(config))
-    device = (
-        verify.RealStep(backend)
-        if step_ms is None and backend.uses_gpu
-        else verify.DeviceStandIn(target.step_s)
-    )
+    # The step measured here runs for real; --step-ms's device is elsewhere: a stand-in.
+    device = verify.RealStep(backend) if step_ms is None else verify.DeviceStandIn(target.step_s)
     deadline = started + budget_s
     window_s = min(5.0, max(1.0, (deadline - time.perf_counter()) / 16))
     search(tuning, config, backend, device, window_s, deadline, on_device=step_ms is None)

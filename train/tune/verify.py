@@ -2,12 +2,12 @@
 real data, its batches moved to the device as training moves them (``device_batches``), and a
 step that takes as long as the device's.
 
-The step is a stand-in unless the model's real step runs on a GPU here: a device that runs each
-step for ``step_s`` and, as CUDA does, accepts the next step while it still runs one (queue
-depth 2), so the trainer loads the next batch meanwhile. On a CPU the real step would take the
-cores the workers need, which is not what a GPU run sees. With ``--step-ms`` the GPU is
-elsewhere: the trainer takes the loader's host batches, and their copy to the GPU and
-normalization (which run on the GPU) are not measured.
+The step is the model's real one when it was measured here (on a GPU, or on the CPU, where it
+takes the cores the workers need, as in training). With ``--step-ms`` the device is elsewhere:
+a stand-in device runs each step for ``step_s`` and, as CUDA does, accepts the next step while
+it still runs one (queue depth 2), so the trainer loads the next batch meanwhile; the trainer
+takes the loader's host batches, and their copy to the GPU and normalization (which run on the
+GPU) are not measured.
 
 A run measures the steady state from epoch 2 on: with a record cache the records of the measured
 window are read into it first (untimed), and the window starts after the workers' first round of
@@ -51,7 +51,7 @@ class DeviceStandIn:
 
 
 class RealStep:
-    """The backend's own train step (a GPU run measured here)."""
+    """The backend's own train step, on the device it was measured on."""
 
     def __init__(self, backend) -> None:
         self.backend = backend
