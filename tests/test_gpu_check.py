@@ -256,6 +256,8 @@ def test_run_dry_run_prints_every_figure_and_every_check_ok(reports):
     memory = summary["peak_gpu_memory_mb"]
     assert set(memory) == {"torch", "paddle", "by_check"}
     assert memory["torch"] is None and memory["paddle"] is None  # no GPU in a dry-run
+    # The dry run's trainings draw no plots (output.plots=false), in either framework.
+    assert list(work.glob("runs/*/plots/*.png")) == [], list(work.glob("runs/*/plots/*"))
 
 
 def test_paddle_build_follows_the_compute_capability(monkeypatch):

@@ -362,7 +362,7 @@ def run(args, held: Held) -> int:
         summary = ordered
     if dist.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        plots = report.write_plots(run_dir)
+        plots = report.write_plots(run_dir) if config.output.plots else []
         print(report.summary_table({"run_dir": str(run_dir), **summary}))
         print(f"metrics: {run_dir / 'metrics.jsonl'}; plots: {', '.join(map(str, plots))}")
     return 0

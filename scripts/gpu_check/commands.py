@@ -46,13 +46,15 @@ def data_sets(work: Path, task: str, val: bool = True, train_split: str = "train
     return items
 
 
-def _train_args(config: str, out: Path, overrides: list[str], resume: bool = False) -> list[str]:
+def _train_args(
+    plan: Plan, config: str, out: Path, overrides: list[str], resume: bool = False
+) -> list[str]:
     return [
         "--config",
         config,
         "--output-dir",
         str(out),
-        *sets(*overrides),
+        *sets(*overrides, *plan.train_sets),
         "--resume" if resume else "--overwrite",
     ]
 
@@ -85,7 +87,9 @@ def smoke_args(plan: Plan, work: Path, framework: str, task: str, leg: int) -> l
         "optim.schedule=constant",
         f"train.max_steps={plan.smoke_steps[0] if leg == 1 else plan.smoke_steps[1]}",
     ]
-    return _train_args(f"configs/{task}/smoke.yaml", work / "runs" / name, overrides, leg == 2)
+    return _train_args(
+        plan, f"configs/{task}/smoke.yaml", work / "runs" / name, overrides, leg == 2
+    )
 
 
 def amp_args(plan: Plan, work: Path, framework: str, task: str, dtype: str) -> list[str]:
@@ -102,7 +106,7 @@ def amp_args(plan: Plan, work: Path, framework: str, task: str, dtype: str) -> l
         *plan.amp_sets[task],
     ]
     name = f"amp.{framework}.{task}.{dtype}"
-    return _train_args(f"configs/{task}/smoke.yaml", work / "runs" / name, overrides)
+    return _train_args(plan, f"configs/{task}/smoke.yaml", work / "runs" / name, overrides)
 
 
 def bench_overrides(plan: Plan, work: Path) -> list[str]:
@@ -126,7 +130,7 @@ def bench_args(plan: Plan, work: Path, name: str, prefetch: bool = True) -> list
         f"loader.device_prefetch={'true' if prefetch else 'false'}",
         *_timed(plan),
     ]
-    return _train_args("configs/resnet50/single_gpu.yaml", work / "runs" / name, overrides)
+    return _train_args(plan, "configs/resnet50/single_gpu.yaml", work / "runs" / name, overrides)
 
 
 def ring_args(plan: Plan, work: Path, leg: str) -> list[str]:
@@ -143,7 +147,7 @@ def ring_args(plan: Plan, work: Path, leg: str) -> list[str]:
         *plan.ocr_bench_sets,
         *_timed(plan),
     ]
-    return _train_args("configs/ocr/single_gpu.yaml", work / "runs" / name, overrides)
+    return _train_args(plan, "configs/ocr/single_gpu.yaml", work / "runs" / name, overrides)
 
 
 def compile_args(plan: Plan, work: Path, framework: str, task: str, compiled: bool) -> list[str]:
@@ -169,7 +173,7 @@ def compile_args(plan: Plan, work: Path, framework: str, task: str, compiled: bo
         *plan.amp_sets[task],
         *common,
     ]
-    return _train_args(f"configs/{task}/smoke.yaml", work / "runs" / name, overrides)
+    return _train_args(plan, f"configs/{task}/smoke.yaml", work / "runs" / name, overrides)
 
 
 def finetune_args(plan: Plan, work: Path, init_from: str | None) -> list[str]:
@@ -189,7 +193,7 @@ def finetune_args(plan: Plan, work: Path, init_from: str | None) -> list[str]:
         *plan.finetune_sets,
     ]
     out = work / "runs" / "finetune.paddle.ppocrv4"
-    return _train_args("configs/ocr/finetune_ppocrv4.yaml", out, overrides)
+    return _train_args(plan, "configs/ocr/finetune_ppocrv4.yaml", out, overrides)
 
 
 def dist_args(plan: Plan) -> list[str]:

@@ -84,6 +84,7 @@ class Plan:
     finetune_steps: int
     finetune_sets: tuple[str, ...]
     dist_steps: int
+    train_sets: tuple[str, ...]  # every ``python -m train`` run of the plan
     # Environment of the compiled runs, by framework. The dry-run's torch run sets
     # TORCHDYNAMO_DISABLE: inductor on a 2-core CPU compiles for minutes, past the dry-run's
     # budget; tests/test_compile.py runs the real compile on the CPU instead.
@@ -130,14 +131,15 @@ GPU_PLAN = Plan(
     finetune_steps=40,
     finetune_sets=("loader.batch_size=64", "train.log_every=10"),
     dist_steps=30,
+    train_sets=(),
     compile_env={},
 )
 _TINY = ("loader.batch_size=8", "optim.warmup_steps=1")
 _TINY_IMAGES = ("data.image_size=32", "data.eval_resize=36")
 # The dry-run's throughput runs: one warm-up window and two measured steps, the fewest that
 # still give a median, a measured window after the warm-up one and a step to compare with. Every
-# child process pays 2-5 CPU seconds of imports, model build, checkpoint and plots whatever its
-# steps (a tiny step takes 0.05-0.5 s), so its steps are cut to what its checks read.
+# child process pays 2-4 CPU seconds of imports, model build and checkpoint whatever its steps (a
+# tiny step takes 0.05-0.5 s), so its steps are cut to what its checks read.
 _DRY_WARMUP, _DRY_MEASURE = 1, 2
 _DRY_OCR_BATCH = 8
 DRY_PLAN = Plan(
@@ -190,5 +192,8 @@ DRY_PLAN = Plan(
     finetune_steps=2,
     finetune_sets=("loader.batch_size=4", "loader.num_workers=1", "train.log_every=1"),
     dist_steps=3,
+    # No loss and throughput plots: nothing reads them, and drawing them took 0.6-0.9 CPU
+    # seconds of matplotlib in each of the 23 runs (a third of a tiny Paddle run's time).
+    train_sets=("output.plots=false",),
     compile_env={"torch": {"TORCHDYNAMO_DISABLE": "1"}},
 )
