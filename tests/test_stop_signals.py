@@ -30,6 +30,7 @@ SETTINGS = [
     "train.eval_every=100000",
     "train.checkpoint_every=100000",
     "optim.warmup_steps=2",
+    "output.plots=false",  # a resumed run's plots cost 0.6-0.9 CPU-s; test_train draws them
 ]
 STOPPED = re.compile(r"stopped by SIGTERM at step (\d+); continue with --resume")
 # A rank that has not had its own signal yet stops with the others (see train/stops.py, stop_now).

@@ -20,6 +20,8 @@ FAST = [
     "loader.num_workers=2",
     "loader.batch_size=8",
     "optim.warmup_steps=2",
+    # Drawing the plots costs a run 0.6-0.9 CPU-s (matplotlib); the smoke test below draws them.
+    "output.plots=false",
 ]
 
 
@@ -79,7 +81,9 @@ PAIRS = [
 @pytest.mark.parametrize("task, framework", PAIRS)
 def test_smoke_config_trains_end_to_end(task, framework, tmp_path, ocr_lmdb, image_h5):
     out = tmp_path / "run"
-    result = run_train(task, framework, out, ocr_lmdb=ocr_lmdb, image_h5=image_h5)
+    result = run_train(
+        task, framework, out, ["output.plots=true"], ocr_lmdb=ocr_lmdb, image_h5=image_h5
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     for name in (
         "config.resolved.yaml",
