@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--step-ms", type=float, default=1.0)
-    parser.add_argument("--budget-s", type=float, default=60.0, help="the tuner's budget")
+    parser.add_argument(
+        "--budget-s", type=float, default=20.0, help="the tuner's --budget-s (default 20)"
+    )
     parser.add_argument("--window-s", type=float, default=2.0, help="each sweep run's window")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds at the end")
     parser.add_argument("--out", type=Path, help="results path without suffix")
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         "sweep_s": round(sweep_s, 1),
         "tune_share_of_sweep": round(tune_s / sweep_s, 3),
         "settings_swept": len(grid),
-        "settings_the_tuner_measured": len(tuning.measured),
+        "settings_the_tuner_measured": len(tuning.rates()),
+        "runs_the_tuner_made": len(tuning.measured),
         "pick": tuning.pick.label(),
         "bottleneck": tuning.bottleneck,
         "sweep_fastest": [
@@ -132,7 +135,8 @@ def markdown(results: dict) -> str:
         f"`{results['command']}` on {results['host']['cores']} cores",
         "",
         f"- tuner: {results['tune_s']} s, {results['settings_the_tuner_measured']} settings "
-        f"measured; sweep: {results['sweep_s']} s, {results['settings_swept']} settings "
+        f"in {results['runs_the_tuner_made']} measured runs; sweep: {results['sweep_s']} s, "
+        f"{results['settings_swept']} settings "
         f"(tuner / sweep = {results['tune_share_of_sweep']})",
         f"- pick: {results['pick']} (bottleneck: {results['bottleneck']})",
         f"- pick / best re-measured ({results['best_remeasured']}): {results['pick_vs_best']}",

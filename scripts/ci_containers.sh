@@ -24,6 +24,8 @@
 #                   300 steps and must read the held-out lines as well as the README says,
 #                   summary.json lands in the runs folder on the host), a second scenario by
 #                   OCR_CONFIG alone,
+#                   `docker compose run --rm tune-ocr` (the loader tuner on the smoke scenario)
+#                   and a training run of the tuned.yaml it wrote to ./runs,
 #                   `docker compose run --rm doctor`, `docker compose up train-resnet50`,
 #                   one compiled step (train.compile=true) in the PyTorch image,
 #                   `docker compose stop train-ocr` then `up` again (resumes from the SIGTERM
@@ -349,6 +351,19 @@ compose_second_scenario() {  # another scenario file, swapped by OCR_CONFIG alon
     check "OCR_CONFIG=$OCR_CONFIG: $(summary_of ocr-paddle-small_dataset)"
 }
 
+compose_tune_ocr() {  # the loader tuner in the Paddle image, then training on what it wrote
+    export OCR_CONFIG=configs/ocr/smoke.yaml OCR_SET=""
+    quiet run --rm tune-ocr tune --budget-s 20 2>&1 | tee "$WORK/tune.out"
+    local rc=${PIPESTATUS[0]}
+    check "tune-ocr (exit $rc): $(grep -E '^(pick|bottleneck):' "$WORK/tune.out" | tr '\n' ' ')"
+    [[ $rc == 0 && -f "$RUNS_DIR/tune-ocr-paddle-smoke/tuned.yaml" ]] || return 1
+    # tuned.yaml names its scenario as configs/ocr/smoke.yaml: found from the image's workdir.
+    export OCR_CONFIG=/runs/tune-ocr-paddle-smoke/tuned.yaml
+    export OCR_SET="--set train.max_steps=4 --set optim.warmup_steps=1 --set train.eval_every=4"
+    docker compose up --exit-code-from train-ocr train-ocr || return 1
+    check "OCR_CONFIG=$OCR_CONFIG: $(summary_of ocr-paddle-tuned)"
+}
+
 compose_doctor() {
     export OCR_CONFIG=configs/ocr/single_gpu.yaml OCR_SET=""
     docker compose run --rm doctor 2>&1 | tee "$WORK/doctor.out"
@@ -484,6 +499,7 @@ step smoke-paddle smoke smoke-paddle
 step smoke-torch smoke smoke-torch
 step compose-train-ocr compose_train_ocr
 step compose-second-scenario compose_second_scenario
+step compose-tune-ocr compose_tune_ocr
 step compose-doctor compose_doctor
 step compose-train-resnet50 compose_train_resnet50
 step compose-compile-torch compose_compile_torch  # after it: the ResNet data volume is filled
