@@ -12,7 +12,8 @@
    of the shared host hits each alike; medians. A sweep's single fastest figure is the maximum
    of many noisy measurements, so the pick is compared with the re-measured medians.
 
-Writes a JSON and a Markdown file named tune-TASK-FRAMEWORK into bench/results/ (or --out).
+Writes a JSON and a Markdown file named tune-SCENARIOS-FRAMEWORK (configs/SCENARIOS/) into
+bench/results/ (or --out).
 --step-ms 1 makes the device much faster than any loader on a CPU host: the loader is the
 limit.
 """
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--step-ms", type=float, default=1.0)
     parser.add_argument(
-        "--budget-s", type=float, default=20.0, help="the tuner's --budget-s (default 20)"
+        "--budget-s", type=float, default=30.0, help="the tuner's --budget-s (default 30)"
     )
     parser.add_argument("--window-s", type=float, default=2.0, help="each sweep run's window")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds at the end")
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         "pick_vs_bad_start": round(medians[tuning.pick] / medians[bad], 2),
         "sweep": [m.as_dict() for m in sweep],
     }
-    stem = args.out or ROOT / "bench" / "results" / f"tune-{config.task}-{config.framework}"
+    scenarios = Path(args.config).parent.name  # configs/ocr, configs/resnet50
+    stem = args.out or ROOT / "bench" / "results" / f"tune-{scenarios}-{config.framework}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(results))

@@ -33,7 +33,7 @@ from datasets import decode
 from datasets.dataset import SampleRng
 from train.cpus import usable_cores
 from train.tune.model import Host, StageCosts
-from train.tune.verify import batches_of
+from train.tune.verify import batches_of, more_workers_than_cores
 
 SHM_PATH = "/dev/shm"
 
@@ -223,8 +223,7 @@ def loader_cpu(
 ) -> LoaderCpu:
     """The backend's loader at ``workers`` (prefetch 2, ``ring``), one epoch of ``batches``
     taken as the measured runs take them (train/tune/verify.py, batches_of) after the workers'
-    first round: CPU seconds per batch on each side (the kernel counts CPU time in 10 ms ticks:
-    a second of batches keeps that under 1%)."""
+    first round: CPU seconds per batch on each side."""
     import dataclasses
 
     from datasets.sampler import EpochSampler
@@ -239,9 +238,11 @@ def loader_cpu(
     batch_size = config.loader.batch_size
     warm, measured = workers + 1, max(batches, 2 * workers)
     sampler = EpochSampler((warm + measured) * batch_size, shuffle=True, seed=config.seed)
-    loader = backend.make_loader(dataset, sampler, loader_cfg, train=True)
-    iterator = batches_of(backend, loader, on_device)
-    for _ in range(warm):  # the first batches allocate what the later ones reuse
+    with more_workers_than_cores():
+        loader = backend.make_loader(dataset, sampler, loader_cfg, train=True)
+        iterator = batches_of(backend, loader, on_device)
+        next(iterator)
+    for _ in range(warm - 1):  # the first batches allocate what the later ones reuse
         next(iterator)
     trainer, children = _process_cpu()
     count = sum(1 for _ in iterator)
@@ -254,8 +255,9 @@ def handover(config, backend, dataset, on_device: bool, batch_s: float) -> dict:
     """What a batch costs beyond making it, measured on the real loader: without workers
     (the trainer's own work on a batch it made) and with one worker, ring on and off (the
     worker's side and the trainer's). {"alone": LoaderCpu, True: LoaderCpu, False: LoaderCpu}.
-    ``batch_s``: a batch's CPU time in a worker, which sizes each run to about a second."""
-    batches = min(200, max(8, math.ceil(1.0 / max(batch_s, 1e-3))))
+    ``batch_s``: a batch's CPU time in a worker, which sizes each run to about half a second
+    (the kernel counts CPU time in 10 ms ticks: 2% at most)."""
+    batches = min(200, max(4, math.ceil(0.5 / max(batch_s, 1e-3))))
     runs = {"alone": loader_cpu(config, backend, dataset, 0, False, on_device, batches)}
     for ring in (True, False):
         runs[ring] = loader_cpu(config, backend, dataset, 1, ring, on_device, batches)

@@ -266,28 +266,48 @@ def plan(
     return Plan(pick, best, to_verify, predictions, bottleneck)
 
 
-def neighbours(pick: Candidate, feasible: list[Prediction]) -> list[Candidate]:
-    """The pick, then the settings one step away from it that are feasible: a worker more and
-    less, the next prefetch up and down, the ring flipped, each other cache; and the best
-    predicted, if it is none of these. The measured runs choose among them."""
+# The dimensions of the local search, in the order it walks them: the worker count moves the
+# throughput most, the ring and the prefetch depth less, the cache only where reads are slow.
+DIMENSIONS = ("workers", "ring", "prefetch", "cache")
+
+
+def steps(current: Candidate, dimension: str, feasible: list[Prediction]) -> list[Candidate]:
+    """The feasible settings one step from ``current`` along ``dimension``: a worker more and
+    less; the ring flipped; the next prefetch up and down; each other cache."""
+    if dimension == "workers":
+        up = replace(current, workers=current.workers + 1)
+        if current.workers == 0:  # the first worker: the frameworks' default prefetch, the ring
+            up = replace(up, prefetch=2, ring=True)
+        moved = [up, replace(current, workers=current.workers - 1)]
+    elif dimension == "ring":
+        moved = [replace(current, ring=not current.ring)] if current.workers else []
+    elif dimension == "prefetch":
+        index = PREFETCH_CHOICES.index(current.prefetch) if current.workers else None
+        moved = [
+            replace(current, prefetch=PREFETCH_CHOICES[other])
+            for other in ((index - 1, index + 1) if index is not None else ())
+            if 0 <= other < len(PREFETCH_CHOICES)
+        ]
+    else:
+        moved = [replace(current, cache=cache) for cache in CACHE_CHOICES if cache != current.cache]
     allowed = {p.candidate for p in feasible}
-    steps = [
-        dataclasses.replace(pick, workers=pick.workers + 1),
-        dataclasses.replace(pick, workers=pick.workers - 1),
-        dataclasses.replace(pick, ring=not pick.ring),
-    ]
-    if pick.workers:
-        index = PREFETCH_CHOICES.index(pick.prefetch)
-        for other in (index - 1, index + 1):
-            if 0 <= other < len(PREFETCH_CHOICES):
-                steps.append(dataclasses.replace(pick, prefetch=PREFETCH_CHOICES[other]))
-    steps.extend(dataclasses.replace(pick, cache=cache) for cache in CACHE_CHOICES)
+    return [m for m in map(normal, moved) if m in allowed]
+
+
+def replace(candidate: Candidate, **changes) -> Candidate:
+    return dataclasses.replace(candidate, **changes)
+
+
+def normal(candidate: Candidate) -> Candidate:
+    """Without workers, prefetch and ring do not apply: the grid holds them as 1 and off."""
+    if candidate.workers == 0:
+        return replace(candidate, prefetch=1, ring=False)
+    return candidate
+
+
+def neighbours(pick: Candidate, feasible: list[Prediction]) -> list[Candidate]:
+    """The pick, then the feasible settings one step from it along each dimension."""
     ordered = [pick]
-    for step in steps:
-        if step.workers == 0:
-            step = dataclasses.replace(step, prefetch=1, ring=False)
-        elif step.workers == 1 and pick.workers == 0:
-            step = dataclasses.replace(step, prefetch=2, ring=True)
-        if step in allowed and step not in ordered:
-            ordered.append(step)
+    for dimension in DIMENSIONS:
+        ordered += [c for c in steps(pick, dimension, feasible) if c not in ordered]
     return ordered

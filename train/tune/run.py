@@ -152,11 +152,13 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
 
 
 def search(tuning: Tuning, config, backend, device, window_s: float, deadline: float, on_device):
-    """Measured runs, from the model's pick: the pick, the scenario's own setting (for the
-    speed-up) and the model's fastest; then the untried neighbours of the fastest measured,
-    moving to a neighbour while one is faster (the model ranks the settings, the runs correct
-    it where it is wrong: a cost it cannot see); last, the settings within 10% of the fastest
-    measured again in interleaved rounds, so that a slow spell of the host does not choose."""
+    """Measured runs, from the model's pick: the pick and the scenario's own setting (for the
+    speed-up), whatever the budget. Then a local search, one dimension at a time (the worker
+    count first, then ring, prefetch, cache: model.DIMENSIONS): the untried steps from the
+    fastest measured setting along the dimension, moving on while one is faster, for two thirds
+    of the budget left; the model ranks the settings, the runs correct it where it misses a
+    cost. Last, the settings within 10% of the fastest measured again in interleaved rounds, so
+    that a slow spell of a shared host does not choose."""
 
     def run(candidate: model.Candidate) -> None:
         expected = tuning.predicted_rate(candidate)
@@ -176,22 +178,23 @@ def search(tuning: Tuning, config, backend, device, window_s: float, deadline: f
     def time_left(until: float = deadline) -> bool:
         return time.perf_counter() < until
 
-    plan = tuning.plan
-    feasible = [p for p in plan.predictions if p.feasible]
-    first = dict.fromkeys([plan.pick.candidate, tuning.configured, plan.best.candidate])
-    for number, candidate in enumerate(first):
-        if number < 2 or time_left():  # the pick and the scenario's own, whatever the budget
-            run(candidate)
-    current = None
-    while time_left(climb_until):  # the rest of the budget is the final rounds
-        fastest = max(tuning.rates(), key=tuning.measured_rate)
-        if fastest == current:
-            break  # no neighbour of the fastest is faster
-        current = fastest
-        untried = [c for c in model.neighbours(current, feasible) if c not in tuning.rates()]
-        for candidate in sorted(untried, key=tuning.predicted_rate, reverse=True):
-            if time_left(climb_until):
-                run(candidate)
+    feasible = [p for p in tuning.plan.predictions if p.feasible]
+    for candidate in dict.fromkeys([tuning.plan.pick.candidate, tuning.configured]):
+        run(candidate)
+    current = tuning.plan.pick.candidate
+    for dimension in model.DIMENSIONS:
+        while time_left(climb_until):
+            untried = [
+                c for c in model.steps(current, dimension, feasible) if c not in tuning.rates()
+            ]
+            for candidate in sorted(untried, key=tuning.predicted_rate, reverse=True):
+                if time_left(climb_until):
+                    run(candidate)
+            along = [current, *model.steps(current, dimension, feasible)]
+            fastest = max((c for c in along if c in tuning.rates()), key=tuning.measured_rate)
+            if fastest == current:
+                break  # no step along this dimension is faster
+            current = fastest
     best = max(tuning.measured_rate(c) for c in tuning.rates())
     contenders = sorted(
         (c for c in tuning.rates() if tuning.measured_rate(c) >= 0.9 * best),

@@ -17,9 +17,11 @@ batches, so neither worker start-up nor an empty cache is counted.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 from datasets.sampler import EpochSampler
@@ -91,6 +93,15 @@ class Measured:
         }
 
 
+@contextlib.contextmanager
+def more_workers_than_cores():
+    """Without torch's warning that a loader has more workers than cores (made and started):
+    whether more help is what the tuner measures."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        yield
+
+
 def batches_of(backend, loader, on_device: bool):
     """The loader's batches as the trainer takes them: moved to the device and normalized
     there when the step runs here; as the loader hands them over (host tensors) when the device
@@ -132,10 +143,13 @@ def measure(
                 dataset._read(dataset._source_index(position))
         # Positions past the dataset's end wrap around (RecordDataset reads position % len).
         sampler = EpochSampler((warm + window) * batch, shuffle=True, seed=config.seed)
-        loader = backend.make_loader(dataset, sampler, config.loader, train=True)
-        batches = batches_of(backend, loader, on_device)
+        with more_workers_than_cores():
+            loader = backend.make_loader(dataset, sampler, config.loader, train=True)
+            batches = batches_of(backend, loader, on_device)
+            first = next(batches)
         try:
-            for _ in range(warm):
+            device.step(first)
+            for _ in range(warm - 1):
                 device.step(next(batches))
             device.synchronize()
             start = time.perf_counter()
