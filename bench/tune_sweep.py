@@ -12,8 +12,8 @@
    of the shared host hits each alike; medians. A sweep's single fastest figure is the maximum
    of many noisy measurements, so the pick is compared with the re-measured medians.
 
-Writes a JSON and a Markdown file named tune-SCENARIOS-FRAMEWORK (configs/SCENARIOS/) into
-bench/results/ (or --out).
+Writes a JSON and a Markdown file into bench/results/ (or --out), named by the config's folder
+and framework: tune-ocr-paddle, tune-resnet50-torch.
 --step-ms 1 makes the device much faster than any loader on a CPU host: the loader is the
 limit.
 """

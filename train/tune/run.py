@@ -182,6 +182,16 @@ def search(tuning: Tuning, config, backend, device, window_s: float, deadline: f
     for candidate in dict.fromkeys([tuning.plan.pick.candidate, tuning.configured]):
         run(candidate)
     current = tuning.plan.pick.candidate
+    device_rate = tuning.target.batch_size / tuning.target.step_s
+    if tuning.measured_rate(current) >= (1 - WITHIN) * device_rate:
+        # The device is the limit: nothing runs faster; only fewer workers can be cheaper.
+        while current.workers and time_left():
+            fewer = model.normal(model.replace(current, workers=current.workers - 1))
+            run(fewer)
+            if tuning.measured_rate(fewer) < (1 - WITHIN) * device_rate:
+                break
+            current = fewer
+        return
     for dimension in model.DIMENSIONS:
         while time_left(climb_until):
             untried = [
