@@ -19,6 +19,7 @@ the same work grows with what else runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -224,8 +225,6 @@ def loader_cpu(
     """The backend's loader at ``workers`` (prefetch 2, ``ring``), one epoch of ``batches``
     taken as the measured runs take them (train/tune/verify.py, batches_of) after the workers'
     first round: CPU seconds per batch on each side."""
-    import dataclasses
-
     from datasets.sampler import EpochSampler
 
     loader_cfg = dataclasses.replace(
@@ -334,8 +333,6 @@ def step_seconds(config, backend, dataset, batch_size: int, seconds: float) -> d
     the rate the loader must reach. On a GPU at the run's batch size; on the CPU at a smaller
     batch (at most 8), scaled to the run's (a CPU step is linear in the batch, and a full one
     of ResNet-50 takes minutes). Returns {"step_s", "device", "measured_batch", "steps"}."""
-    import dataclasses
-
     from datasets.sampler import EpochSampler
     from train import tasks
 

@@ -9,8 +9,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from train import preflight, tasks
-from train.data import sample_policy
+from train import preflight
 from train.tune import measure, model, verify
 
 log = logging.getLogger("train.tune")
@@ -52,13 +51,6 @@ class Tuning:
 
     def predicted_rate(self, candidate: model.Candidate) -> float:
         return model.predict(self.costs, self.host, self.target, candidate).samples_per_s
-
-
-def open_train_dataset(config, cache: str = "none"):
-    data = dataclasses.replace(config.data, cache=cache)
-    return tasks.get(config.task).open_dataset(
-        data, data.train, train=True, seed=config.seed, **sample_policy(data)
-    )
 
 
 def configured(config) -> model.Candidate:
@@ -107,7 +99,7 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
     measured here with the model)."""
     started = time.perf_counter()
     batch = config.loader.batch_size
-    dataset = open_train_dataset(config)
+    dataset = verify.open_train_dataset(config, cache="none")
     try:
         log.info("measuring each stage on the training data (%s)", config.data.train)
         elsewhere = measure.OtherLoad().start()

@@ -77,6 +77,14 @@ def with_candidate(config, candidate: Candidate):
     return dataclasses.replace(config, loader=loader, data=data)
 
 
+def open_train_dataset(config, cache: str):
+    """The training data as training opens it (train/data.py's sample policy), with ``cache``."""
+    data = dataclasses.replace(config.data, cache=cache)
+    return tasks.get(config.task).open_dataset(
+        data, data.train, train=True, seed=config.seed, **sample_policy(data)
+    )
+
+
 @dataclass
 class Measured:
     candidate: Candidate
@@ -133,10 +141,7 @@ def measure(
     batch = config.loader.batch_size
     warm = candidate.workers + 1  # the workers' first round arrives together
     window = max(3, 2 * candidate.workers, math.ceil(window_s * expected / batch))
-    data = config.data
-    dataset = tasks.get(config.task).open_dataset(
-        data, data.train, train=True, seed=config.seed, **sample_policy(data)
-    )
+    dataset = open_train_dataset(config, candidate.cache)
     try:
         if candidate.cache != "none":  # epoch 1 filled the cache: read the window's records
             for position in range(min(len(dataset), (warm + window) * batch)):
