@@ -41,32 +41,44 @@ class CpuSample:
     host_iowait_s: float  # all of the host's CPUs, idle with I/O outstanding
 
 
+def process_tree_cpu() -> tuple[float, float]:
+    """(this process's CPU seconds, all threads; its child processes', live and reaped).
+    Exited children are in children_* once reaped (the loaders join their workers); live ones
+    are read one by one. A child that exits between two samples moves from the second sum to
+    the first, so the difference of two samples still holds all of its time."""
+    import psutil
+
+    me = psutil.Process()
+    own = me.cpu_times()
+    children = own.children_user + own.children_system
+    for child in me.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # exited since the listing: counted once reaped
+            continue
+        children += times.user + times.system
+    return own.user + own.system, children
+
+
+def host_cpu() -> tuple[float, float]:
+    """(all of the host's CPUs' busy seconds, not idle and not waiting on I/O; their seconds
+    idle with I/O outstanding)."""
+    import psutil
+
+    host = psutil.cpu_times()
+    iowait = getattr(host, "iowait", 0.0)
+    # Linux counts guest time in user time as well: leave it out so nothing counts twice.
+    guest = getattr(host, "guest", 0.0) + getattr(host, "guest_nice", 0.0)
+    return sum(host) - host.idle - iowait - guest, iowait
+
+
 def sample_cpu() -> CpuSample | None:
     """This moment's CpuSample, or None where psutil cannot read it (telemetry never fails)."""
     try:
-        import psutil
-
-        me = psutil.Process()
-        own = me.cpu_times()
-        # Exited workers are in children_* once reaped (the loaders join them); live ones are
-        # read one by one. A worker that exits between two samples moves from the second sum to
-        # the first, so the difference of two samples still holds all of its time.
-        children = own.children_user + own.children_system
-        for child in me.children(recursive=True):
-            try:
-                times = child.cpu_times()
-            except psutil.Error:  # exited since the listing: counted once reaped
-                continue
-            children += times.user + times.system
-        host = psutil.cpu_times()
-        idle = host.idle + getattr(host, "iowait", 0.0)
-        # Linux counts guest time in user time as well: leave it out so nothing counts twice.
-        guest = getattr(host, "guest", 0.0) + getattr(host, "guest_nice", 0.0)
+        trainer, children = process_tree_cpu()
+        busy, iowait = host_cpu()
         return CpuSample(
-            trainer_s=own.user + own.system,
-            children_s=children,
-            host_busy_s=sum(host) - idle - guest,
-            host_iowait_s=getattr(host, "iowait", 0.0),
+            trainer_s=trainer, children_s=children, host_busy_s=busy, host_iowait_s=iowait
         )
     except Exception:  # no psutil, no /proc: the summary then says it could not tell
         return None

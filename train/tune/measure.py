@@ -33,6 +33,7 @@ import numpy as np
 from datasets import decode
 from datasets.dataset import SampleRng
 from train.cpus import usable_cores
+from train.stall import host_cpu, process_tree_cpu
 from train.tune.model import Host, StageCosts
 from train.tune.verify import batches_of, more_workers_than_cores
 
@@ -97,22 +98,14 @@ class OtherLoad:
     the host's busy CPU seconds less this process tree's, over the wall time."""
 
     def start(self) -> OtherLoad:
-        self.began, self.host, self.ours = time.perf_counter(), _host_busy(), sum(_process_cpu())
+        self.began, self.host = time.perf_counter(), host_cpu()[0]
+        self.ours = sum(process_tree_cpu())
         return self
 
     def stop(self) -> float:
         wall = time.perf_counter() - self.began
-        others = (_host_busy() - self.host) - (sum(_process_cpu()) - self.ours)
+        others = (host_cpu()[0] - self.host) - (sum(process_tree_cpu()) - self.ours)
         return max(0.0, others / wall) if wall > 0 else 0.0
-
-
-def _host_busy() -> float:
-    import psutil
-
-    times = psutil.cpu_times()
-    idle = times.idle + getattr(times, "iowait", 0.0)
-    guest = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
-    return sum(times) - idle - guest
 
 
 def host_facts(data, copy_nbytes: int, busy_elsewhere: float = 0.0) -> Host:
@@ -203,22 +196,6 @@ class LoaderCpu:
     batches: int
 
 
-def _process_cpu() -> tuple[float, float]:
-    """(this process's CPU seconds, its child processes', live and reaped)."""
-    import psutil
-
-    me = psutil.Process()
-    own = me.cpu_times()
-    children = own.children_user + own.children_system
-    for child in me.children(recursive=True):
-        try:
-            times = child.cpu_times()
-        except psutil.Error:  # exited since the listing: in children_* once reaped
-            continue
-        children += times.user + times.system
-    return own.user + own.system, children
-
-
 def loader_cpu(
     config, backend, dataset, workers: int, ring: bool, on_device: bool, batches: int
 ) -> LoaderCpu:
@@ -243,9 +220,9 @@ def loader_cpu(
         next(iterator)
     for _ in range(warm - 1):  # the first batches allocate what the later ones reuse
         next(iterator)
-    trainer, children = _process_cpu()
+    trainer, children = process_tree_cpu()
     count = sum(1 for _ in iterator)
-    trainer_end, children_end = _process_cpu()
+    trainer_end, children_end = process_tree_cpu()
     workers_s = (children_end - children) / count if workers else 0.0
     return LoaderCpu((trainer_end - trainer) / count, workers_s, count)
 

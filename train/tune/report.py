@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import platform
@@ -230,18 +231,12 @@ def plot(report: dict, path: Path) -> None:
     axes.set_ylim(0, top * 1.25)
     axes.legend(fontsize=8)
     figure.tight_layout()
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(handle)
+    image = io.BytesIO()
     try:
-        figure.savefig(temp, dpi=110)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+        figure.savefig(image, format="png", dpi=110)
     finally:
         plt.close(figure)
+    write_atomic(path, image.getvalue())
 
 
 def write(tuning: Tuning, out_dir: Path, scenario: Path, overrides: dict, argv: list[str]) -> dict:
