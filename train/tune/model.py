@@ -21,14 +21,13 @@ What a batch costs a worker is read + decode + augment for each sample, the coll
 worker's side of the hand-over; the trainer's side is its whole work on a batch (receiving it,
 to the device, normalizing). Both sides of the hand-over are measured on the real loader with
 the ring on and off (bench/handover.py counts the copies that make them differ); the cache
-changes the read. The prefetch depth does not raise the
-bound: it absorbs the spread of batch times, and a batch that takes longer than the batches in
-flight can cover stalls the trainer. That loss is modelled as a factor
-1 / (1 + closeness x cv^2 / (2 Q)): cv the batch time's coefficient of variation, Q = workers x
-prefetch the batches in flight (1 without workers), closeness = the slower of loader and device
-over the faster. Kingman's approximation of a queue's wait grows with the spread of service
-times and with how close the two rates are; the buffer divides it. The verified runs then
-measure what the model cannot see.
+changes the read. The prefetch depth does not raise the bound: it absorbs the spread of batch
+times, and a batch that takes longer than the batches in flight can cover stalls the trainer.
+That loss is modelled as a factor 1 / (1 + closeness x cv^2 / (2 Q)): cv the batch time's
+coefficient of variation, Q = workers x prefetch the batches in flight (1 without workers),
+closeness = the slower of loader and device over the faster. Kingman's approximation of a
+queue's wait grows with the spread of service times and with how close the two rates are; the
+buffer divides it. The verified runs then measure what the model cannot see.
 
 Pure: no framework, no I/O. The measurements come from train/tune/measure.py.
 """
@@ -39,7 +38,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-# Bottlenecks, by name: what the report and the training summary call them.
+# Bottlenecks, by name, and the sentence the tuner's report and tuned.yaml give each.
 GPU, CPU, DISK, SHM, HANDOVER = "gpu", "cpu", "disk", "shm", "handover"
 BOTTLENECK_TEXT = {
     GPU: "none in the input pipeline: the device's step is the limit",
