@@ -285,6 +285,11 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_checkpoint(tmp_path, image_
     assert took < 25, f"torchrun needed {took:.0f} s: did it have to SIGKILL a rank?"
 
 
+# The slow-read tests below evaluate after the first step: DATA_INJECT_FAULT=slow@500 slows every
+# read, the training batches' too, so each step before the evaluation would cost a batch of
+# half-second reads (4 s on one loader worker) and show nothing more.
+EVAL_STEP = 1
+
 # The stop budget docs/reliability.md states: SIGTERM to exit, with the checkpoint written, on
 # these fixtures (measured: see the docs); compose's and the Kubernetes manifests' grace periods
 # (120 s) exceed it. Generous here: the host may be loaded.
@@ -299,13 +304,18 @@ def test_sigterm_during_evaluation_stops_at_the_next_batch_with_a_checkpoint(
     outlasted Docker's 10 s and Kubernetes' 30 s grace and the run was SIGKILLed without its
     checkpoint. Every sample takes 0.5 s here, so a pass takes 6 s (ResNet) to 24 s (OCR)."""
     run_dir, err = tmp_path / "run", tmp_path / "stderr.txt"
-    sets = [*SETTINGS, "train.eval_every=4", "loader.num_workers=2", "loader.batch_size=8"]
+    sets = [
+        *SETTINGS,
+        f"train.eval_every={EVAL_STEP}",
+        "loader.num_workers=2",
+        "loader.batch_size=8",
+    ]
     cmd = train_cmd(task, framework, run_dir, sets, ocr_lmdb=ocr_lmdb, image_h5=image_h5)
     env = dict(os.environ, DATA_INJECT_FAULT="slow@500")
     with err.open("w") as sink:
         process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink, env=env)
         try:
-            wait_for_evaluation(err, process)
+            wait_for_evaluation(err, process, EVAL_STEP)
             started = time.monotonic()
             process.send_signal(signal.SIGTERM)
             code = process.wait(timeout=120)
@@ -326,9 +336,11 @@ def test_sigterm_during_evaluation_stops_at_the_next_batch_with_a_checkpoint(
         f"after the signal (log times), exit after {took:.1f} s"
     )
     assert code == 143, stderr[-3000:]
-    assert "evaluation at step 4 interrupted by the stop request" in stderr, stderr[-3000:]
-    assert STOPPED.findall(stderr) == ["4"]
-    assert only_checkpoint_step(run_dir) == 4
+    assert f"evaluation at step {EVAL_STEP} interrupted by the stop request" in stderr, stderr[
+        -3000:
+    ]
+    assert STOPPED.findall(stderr) == [str(EVAL_STEP)]
+    assert only_checkpoint_step(run_dir) == EVAL_STEP
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert not [r for r in records if r["type"] == "eval"]  # the interrupted pass is dropped
     assert took < STOP_BUDGET_S, f"{took:.0f} s from SIGTERM to exit"
@@ -342,7 +354,7 @@ def test_sigterm_during_evaluation_on_two_ranks_cuts_the_pass_on_both(tmp_path, 
     torchrun cuts the pass on both at the same batch, and both stop at that step's
     checkpoint."""
     run_dir, out = tmp_path / "run", tmp_path / "torchrun.out"
-    sets = ["framework=torch", *SETTINGS, "train.eval_every=4", "loader.num_workers=1"]
+    sets = ["framework=torch", *SETTINGS, f"train.eval_every={EVAL_STEP}", "loader.num_workers=1"]
     sets += ["loader.batch_size=4", *data_overrides("resnet50", None, image_h5)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
@@ -354,7 +366,7 @@ def test_sigterm_during_evaluation_on_two_ranks_cuts_the_pass_on_both(tmp_path, 
             cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True
         )
         try:
-            wait_for_evaluation(out, launcher)
+            wait_for_evaluation(out, launcher, EVAL_STEP)
             started = time.monotonic()
             launcher.send_signal(signal.SIGTERM)
             launcher.wait(timeout=120)
@@ -363,9 +375,11 @@ def test_sigterm_during_evaluation_on_two_ranks_cuts_the_pass_on_both(tmp_path, 
             if launcher.poll() is None:
                 launcher.kill()
     output = out.read_text(errors="replace")
-    assert output.count("evaluation at step 4 interrupted by the stop request") == 2, output[-4000:]
-    assert ANY_STOP.findall(output) == ["4", "4"], output[-4000:]
-    assert only_checkpoint_step(run_dir) == 4
+    assert (
+        output.count(f"evaluation at step {EVAL_STEP} interrupted by the stop request") == 2
+    ), output[-4000:]
+    assert ANY_STOP.findall(output) == [str(EVAL_STEP)] * 2, output[-4000:]
+    assert only_checkpoint_step(run_dir) == EVAL_STEP
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert not [r for r in records if r["type"] == "eval"]  # the interrupted pass is dropped
     assert took < STOP_BUDGET_S, f"{took:.0f} s from SIGTERM to exit"
@@ -383,7 +397,7 @@ def test_sigterm_during_evaluation_on_two_paddle_ranks_cuts_the_pass_on_both(
     if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
         pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
-    sets = ["framework=paddle", *SETTINGS, "train.eval_every=4", "loader.num_workers=1"]
+    sets = ["framework=paddle", *SETTINGS, f"train.eval_every={EVAL_STEP}", "loader.num_workers=1"]
     sets += ["loader.batch_size=8", *data_overrides("ocr", ocr_lmdb, image_h5)]
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
     cmd += ["--log_dir", str(logs)]
@@ -395,7 +409,7 @@ def test_sigterm_during_evaluation_on_two_paddle_ranks_cuts_the_pass_on_both(
     with (tmp_path / "launcher.out").open("w") as sink:
         launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
         try:
-            wait_for_evaluation(rank0, launcher)
+            wait_for_evaluation(rank0, launcher, EVAL_STEP)
             started = time.monotonic()
             launcher.send_signal(signal.SIGTERM)
             launcher.wait(timeout=120)
@@ -406,9 +420,9 @@ def test_sigterm_during_evaluation_on_two_paddle_ranks_cuts_the_pass_on_both(
     rank_logs = [(logs / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)]
     context = "".join(x[-3000:] for x in rank_logs)
     for log in rank_logs:
-        assert "evaluation at step 4 interrupted by the stop request" in log, context
-        assert ANY_STOP.findall(log) == ["4"], context
-    assert only_checkpoint_step(run_dir) == 4
+        assert f"evaluation at step {EVAL_STEP} interrupted by the stop request" in log, context
+        assert ANY_STOP.findall(log) == [str(EVAL_STEP)], context
+    assert only_checkpoint_step(run_dir) == EVAL_STEP
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert not [r for r in records if r["type"] == "eval"]  # the interrupted pass is dropped
     assert took < STOP_BUDGET_S, f"{took:.0f} s from SIGTERM to exit"
