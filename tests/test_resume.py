@@ -173,14 +173,15 @@ def test_kill_9_while_workers_start_leaves_none_behind(
 ):
     """The loaders' parent watchdogs read the parent pid once, as the worker starts: a worker
     whose trainer dies before that watches init and lives forever (CI caught one). Workers here
-    sleep 4 s as they start, the trainer is killed meanwhile, and every worker must exit. One
+    sleep 2 s as they start (the test kills the trainer within a poll, 0.05 s, of seeing both
+    workers), the trainer is killed meanwhile, and every worker must exit. One
     batch per epoch, so the second worker never gets an index: only binding at start saves it."""
     one_batch = f"loader.batch_size={96 if task == 'ocr' else 24}"  # the fixtures' sizes
     settings = [*SETTINGS, one_batch, f"loader.multiprocessing_context={context}"]
     cmd = train_cmd(
         task, framework, tmp_path / "run", settings, ocr_lmdb=ocr_lmdb, image_h5=image_h5
     )
-    env = {**os.environ, "DATA_INJECT_FAULT": "startdelay@4"}
+    env = {**os.environ, "DATA_INJECT_FAULT": "startdelay@2"}
     victim = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

@@ -48,7 +48,12 @@ def test_dead_worker_is_named_with_its_sample(task, framework, kind, tmp_path, o
 
 @pytest.mark.parametrize("task, framework", PAIRS)
 def test_hung_worker_times_out_naming_its_sample(task, framework, tmp_path, ocr_lmdb, image_h5):
-    result, seconds = run_with_fault(task, framework, tmp_path, (ocr_lmdb, image_h5), "hang@5")
+    # The hang is found when loader.timeout_s runs out: 5 s here, where a batch of the fixtures'
+    # small images is read in milliseconds, so no healthy batch comes near it.
+    fixtures = (ocr_lmdb, image_h5)
+    result, seconds = run_with_fault(
+        task, framework, tmp_path, fixtures, "hang@5", "loader.timeout_s=5"
+    )
     assert result.returncode == 6, result.stderr[-3000:]
     assert "on sample #5 (key" in result.stderr and "running for" in result.stderr
     assert seconds < 120
