@@ -3,6 +3,7 @@ No timing assertions: speed targets live in the benchmark (docs/benchmarks.md), 
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -234,6 +235,38 @@ def test_instruction_counts_ocr(tmp_path):
 
 
 @pytest.mark.torch
-def test_instruction_counts_resnet50(tmp_path):
-    result = _instructions(tmp_path, "resnet50")
-    assert set(result["arms"]) == {"ours", "torchvision_ref"}
+def test_instruction_child_runs_the_resnet50_arms(monkeypatch, capsys):
+    """The counting itself (valgrind, callgrind_control, reading the dumps) is the same for every
+    task and runs above on the OCR arms; a valgrind run of the ResNet-50 arms costs about 50 CPU
+    seconds, most of it torch's start-up under valgrind. What differs per task is the data and
+    the arms: here both ResNet-50 arms go through the child's protocol (a warm pass, a measured
+    one, each followed by its line and a wait for the parent's go-ahead) on the task's inputs."""
+    from bench import instructions, pipelines
+
+    spec = instructions._spec("resnet50", items=32, batch_size=16)
+    assert spec["workers"] == 0 and spec["batch_size"] == 16
+    for arm in instructions.ARMS["resnet50"]:
+        images: list[int] = []  # per pass, the images its batches held
+        build = pipelines.BUILDERS[arm]
+
+        def counted(spec, build=build, images=images):
+            pipeline = build(spec)
+            epoch = pipeline.epoch
+
+            def epoch_counted(e):
+                images.append(0)
+                for batch in epoch(e):
+                    images[-1] += len(
+                        batch[0] if isinstance(batch, (list, tuple)) else batch["image"]
+                    )
+                    yield batch
+
+            return pipelines.Pipeline(epoch_counted, pipeline.close, pipeline.handover)
+
+        monkeypatch.setitem(pipelines.BUILDERS, arm, counted)
+        monkeypatch.setattr(sys, "stdin", io.StringIO("go\ngo\n"))
+        instructions.run_child(arm, spec, passes=1)
+        lines = capsys.readouterr().out.splitlines()
+        marks = [line for line in lines if line.startswith(instructions.MARK)]
+        assert marks == [instructions.MARK + "warm", instructions.MARK + "measured"], lines
+        assert images == [32, 32], arm  # the warm pass and the measured one: every record
