@@ -108,18 +108,24 @@ def _read_with_extends(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict[
         )
         raise ConfigError("extends", f"file not found: {_display(base_path)}", hint, label)
     base, origins = _read_with_extends(base_path, (*chain, path))
-    return _deep_merge(base, data, label, origins, ""), origins
+    return deep_merge(base, data, label, origins), origins
 
 
-def _deep_merge(base: dict, override: dict, label: str, origins: dict, prefix: str) -> dict:
+def deep_merge(
+    base: dict, override: dict, label: str = "", origins: dict | None = None, prefix: str = ""
+) -> dict:
+    """``override`` over ``base``, as ``extends:`` merges a file over its base: mappings merge
+    key by key, lists and scalars replace. With ``origins``, each replaced key is recorded
+    there as coming from ``label``."""
     merged = dict(base)
     for name, value in override.items():
         key = f"{prefix}{name}"
         if isinstance(value, dict) and isinstance(merged.get(name), dict):
-            merged[name] = _deep_merge(merged[name], value, label, origins, key + ".")
+            merged[name] = deep_merge(merged[name], value, label, origins, key + ".")
         else:  # lists and scalars replace
             merged[name] = value
-            _record_origins(value, key, label, origins)
+            if origins is not None:
+                _record_origins(value, key, label, origins)
     return merged
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from train.config import deep_merge
 from train.tune import model
 from train.tune.run import Tuning
 
@@ -48,22 +49,12 @@ def knobs(candidate: model.Candidate) -> dict:
     return {"loader": loader, "data": {"cache": candidate.cache}}
 
 
-def merge(base: dict, over: dict) -> dict:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def tuned_yaml(tuning: Tuning, scenario: Path, out_dir: Path, overrides: dict, command: str):
     """The text of tuned.yaml: ``extends:`` the scenario as the command line named it (a
     relative path is looked up from the working directory, the repository root, in a checkout
     and in a container alike), the command line's --set values, then the chosen knobs."""
     extends = str(scenario)
-    body = merge(overrides, knobs(tuning.pick))
+    body = deep_merge(overrides, knobs(tuning.pick))
     header = [
         f"# Written by: {command}",
         f"# on {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}: {tuning.host.cores} cores.",
