@@ -228,6 +228,36 @@ def test_tune_writes_a_tuned_config_that_validates_and_trains(
 
 
 @pytest.mark.parametrize(
+    "framework",
+    [
+        pytest.param("paddle", marks=pytest.mark.paddle),
+        pytest.param("torch", marks=pytest.mark.torch),
+    ],
+)
+def test_a_worker_that_dies_in_a_measured_run_is_named_with_its_sample(
+    framework, ocr_lmdb, monkeypatch, capsys
+):
+    """A measured run whose worker dies (here it exits on sample #3; in a tuning run, the kernel
+    killing workers for memory at a large setting) ends the tuner as it ends training: the
+    report names the sample and the worker, and the exit code is training's (6)."""
+    from tests.backends import make_config, start
+    from train import errors
+    from train.tune import verify
+
+    config = make_config(framework, "ocr", ocr_lmdb)
+    backend = start(config)
+    monkeypatch.setenv("DATA_INJECT_FAULT", "exit@3")  # read in the workers this run forks
+    candidate = model.Candidate(workers=1, prefetch=2, cache="none", ring=True)
+    device = verify.DeviceStandIn(0.0)
+    with pytest.raises(verify.LoaderFailed) as failed:
+        verify.measure(config, backend, candidate, device, 0.1, 100.0, on_device=False)
+    assert failed.value.code == errors.EXIT_WORKER
+    stderr = capsys.readouterr().err
+    assert "died while reading sample #3 (key" in stderr, stderr[-2000:]
+    assert "HINT" in stderr
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--budget-s", "0"], "--budget-s must be > 0"),

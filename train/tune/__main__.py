@@ -80,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     held: list = []
+    from train.tune.verify import LoaderFailed
+
     try:
         return run(args, argv, held)
+    except LoaderFailed as failed:  # its report (the sample, the worker, the hint) is printed
+        return failed.code
     except Exception as exc:
         code = errors.exit_code(exc)
         if code is None:

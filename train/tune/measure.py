@@ -35,7 +35,7 @@ from datasets.dataset import SampleRng
 from train.cpus import usable_cores
 from train.stall import host_cpu, process_tree_cpu
 from train.tune.model import Host, StageCosts
-from train.tune.verify import batches_of, more_workers_than_cores
+from train.tune.verify import batches_of, failures_named, more_workers_than_cores
 
 SHM_PATH = "/dev/shm"
 
@@ -214,15 +214,16 @@ def loader_cpu(
     batch_size = config.loader.batch_size
     warm, measured = workers + 1, max(batches, 2 * workers)
     sampler = EpochSampler((warm + measured) * batch_size, shuffle=True, seed=config.seed)
-    with more_workers_than_cores():
-        loader = backend.make_loader(dataset, sampler, loader_cfg, train=True)
-        iterator = batches_of(backend, loader, on_device)
-        next(iterator)
-    for _ in range(warm - 1):  # the first batches allocate what the later ones reuse
-        next(iterator)
-    trainer, children = process_tree_cpu()
-    count = sum(1 for _ in iterator)
-    trainer_end, children_end = process_tree_cpu()
+    with failures_named(config, dataset):
+        with more_workers_than_cores():
+            loader = backend.make_loader(dataset, sampler, loader_cfg, train=True)
+            iterator = batches_of(backend, loader, on_device)
+            next(iterator)
+        for _ in range(warm - 1):  # the first batches allocate what the later ones reuse
+            next(iterator)
+        trainer, children = process_tree_cpu()
+        count = sum(1 for _ in iterator)
+        trainer_end, children_end = process_tree_cpu()
     workers_s = (children_end - children) / count if workers else 0.0
     return LoaderCpu((trainer_end - trainer) / count, workers_s, count)
 

@@ -23,6 +23,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from datasets.sampler import EpochSampler
 from train import tasks
@@ -75,6 +76,35 @@ def with_candidate(config, candidate: Candidate):
     )
     data = dataclasses.replace(config.data, cache=candidate.cache)
     return dataclasses.replace(config, loader=loader, data=data)
+
+
+class LoaderFailed(Exception):
+    """A loader run failed as a training run's can (a worker killed or hung, too many bad
+    samples, a data error in a worker), and the report naming the sample and the worker is
+    printed: the tuner exits with ``code``, training's exit code for it."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"a loader run failed (exit {code}); the report is above")
+        self.code = code
+
+
+@contextlib.contextmanager
+def failures_named(config, dataset):
+    """Around a run of the loader over ``dataset``: its failure is reported as training
+    reports it (train.__main__.loader_failure: which sample, which worker, the hint) and
+    raised as LoaderFailed; a bug in the sample's code stays an exception with its
+    traceback. A worker the kernel killed for memory at one setting is as fatal here as in
+    training: the report says so and names the limit to check."""
+    try:
+        yield
+    except Exception as exc:
+        from train.__main__ import loader_failure
+
+        data = SimpleNamespace(train=dataset, val=None)
+        code = loader_failure(exc, data, config.loader.timeout_s or None)
+        if code is None:
+            raise
+        raise LoaderFailed(code) from exc
 
 
 def open_train_dataset(config, cache: str):
@@ -148,29 +178,30 @@ def measure(
                 dataset._read(dataset._source_index(position))
         # Positions past the dataset's end wrap around (RecordDataset reads position % len).
         sampler = EpochSampler((warm + window) * batch, shuffle=True, seed=config.seed)
-        with more_workers_than_cores():
-            loader = backend.make_loader(dataset, sampler, config.loader, train=True)
-            batches = batches_of(backend, loader, on_device)
-            first = next(batches)
-        try:
-            device.step(first)
-            for _ in range(warm - 1):
-                device.step(next(batches))
-            device.synchronize()
-            start = time.perf_counter()
-            done = 0
-            for item in batches:
-                device.step(item)
-                done += 1
-                if done >= 3 and time.perf_counter() - start >= 4 * window_s:
-                    break
-            device.synchronize()
-            took = time.perf_counter() - start
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()  # a loader left mid-epoch: its workers are stopped here
-            del batches, loader
+        with failures_named(config, dataset):
+            with more_workers_than_cores():
+                loader = backend.make_loader(dataset, sampler, config.loader, train=True)
+                batches = batches_of(backend, loader, on_device)
+                first = next(batches)
+            try:
+                device.step(first)
+                for _ in range(warm - 1):
+                    device.step(next(batches))
+                device.synchronize()
+                start = time.perf_counter()
+                done = 0
+                for item in batches:
+                    device.step(item)
+                    done += 1
+                    if done >= 3 and time.perf_counter() - start >= 4 * window_s:
+                        break
+                device.synchronize()
+                took = time.perf_counter() - start
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()  # a loader left mid-epoch: its workers are stopped here
+                del batches, loader
     finally:
         dataset.close()
     return Measured(candidate, done * batch / took, done, time.perf_counter() - started)
