@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -137,6 +138,38 @@ def test_the_measured_runs_cover_the_pick_and_its_neighbours():
     assert dataclasses.replace(pick, prefetch=2) in plan.to_verify
     assert {c.cache for c in plan.to_verify} == {"none", "memory", "disk"}
     assert len(plan.to_verify) == len(set(plan.to_verify))
+
+
+def test_when_the_device_is_the_limit_the_search_only_tries_fewer_workers(monkeypatch):
+    """The model's pick (4 workers) measures at the device's rate (100 samples a 50 ms step):
+    nothing can run faster, so the search walks the worker count down while the device stays
+    fed (3, 2), stops at the first count that falls short (1) and tries no other knob; the
+    cheapest setting at the device's rate is chosen. The runs are stand-ins here, with the
+    rates a host would measure: the search's branch does not depend on how fast this host is."""
+    from train.tune import run as tune_run
+    from train.tune import verify
+
+    step = target(step_s=0.05)
+    plan = model.plan(COSTS, HOST, step)
+    assert plan.pick.candidate == model.Candidate(4, 1, "none", True)
+    tuning = tune_run.Tuning(
+        HOST, COSTS, {}, {"step_s": 0.05}, step, plan, configured=plan.pick.candidate
+    )
+    device_rate = step.batch_size / step.step_s
+
+    def measure(config, backend, candidate, device, window_s, expected, on_device=True):
+        rate = device_rate if candidate.workers >= 2 else device_rate / 2
+        return verify.Measured(candidate, rate, batches=10, seconds=0.1)
+
+    monkeypatch.setattr(verify, "measure", measure)
+    deadline = time.perf_counter() + 60
+    tune_run.search(tuning, None, None, None, 1.0, deadline, on_device=False)
+    assert [m.candidate.workers for m in tuning.measured] == [4, 3, 2, 1]
+    assert {
+        (m.candidate.prefetch, m.candidate.cache, m.candidate.ring) for m in tuning.measured
+    } == {(1, "none", True)}
+    tune_run.choose(tuning)
+    assert tuning.pick == model.Candidate(2, 1, "none", True)
 
 
 def test_summarize_takes_medians_and_the_handover_beyond_making_the_batch():
