@@ -5,7 +5,8 @@ installed paddleocr wheel's tools/infer/predict_rec.py), whose texts on held-out
 train.predict's, whose exact match equals train.evaluate's, and whose probabilities, from
 PaddleOCR's own preprocessing (resize_norm_img) and predictor, equal the checkpoint's on our
 preprocessing. Torch CRNN and ResNet: ONNX Runtime on the exported model gives the checkpoint's
-argmax on the same batch.
+argmax on the same batch. A test's commands run one after another in one interpreter
+(tests/probes/cli_session.py); tests/test_new_task_kind.py runs each as its own python -m.
 
     TEST_FRAMEWORK=paddle .venv-paddle/bin/python -m pytest -m "not torch" \
         tests/test_after_training.py
@@ -34,6 +35,45 @@ def _cli(module: str, *args) -> subprocess.CompletedProcess:
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{cmd}\n{result.stderr[-3000:]}"
     return result
+
+
+class CliSession:
+    """``cli(module, *args)``: ``python -m module args`` run by tests/probes/cli_session.py, one
+    interpreter for all of a test's commands; exit code, stdout and stderr as _cli gives them.
+    The test's own process stays clear of the commands' logging set-up and loader workers."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "probes" / "cli_session.py")],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def __call__(self, module: str, *args, expect: int = 0) -> subprocess.CompletedProcess:
+        request = {"module": module, "args": [str(arg) for arg in args]}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, f"the command session ended (exit {self.process.wait()}) running {request}"
+        reply = json.loads(line)
+        result = subprocess.CompletedProcess(
+            [module, *request["args"]], reply["returncode"], reply["stdout"], reply["stderr"]
+        )
+        assert result.returncode == expect, f"{result.args}\n{result.stderr[-3000:]}"
+        return result
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        assert self.process.wait(timeout=60) == 0
+
+
+@pytest.fixture
+def cli():
+    session = CliSession()
+    yield session
+    session.close()
 
 
 def _predictions(stdout: str) -> list[list[str]]:
@@ -74,17 +114,17 @@ def paddle_ocr_run(tmp_path_factory, ocr_lmdb, image_h5, held_out) -> Path:
 
 @pytest.mark.paddle
 def test_paddleocr_text_recognizer_runs_the_export_as_predict_does(
-    tmp_path, paddle_ocr_run, held_out
+    tmp_path, paddle_ocr_run, held_out, cli
 ):
     run = paddle_ocr_run
-    evaluated = json.loads(_cli("train.evaluate", "--run", run).stdout)
+    evaluated = json.loads(cli("train.evaluate", "--run", run).stdout)
     assert evaluated["checkpoint"] == str(run / "best") and evaluated["samples"] == 24
     assert sum(v["samples"] for v in evaluated["acc_by_length"].values()) == 24
     export = tmp_path / "export"
-    listed = _cli("train.export", "--run", run, "--format", "paddle-inference", "--out", export)
+    listed = cli("train.export", "--run", run, "--format", "paddle-inference", "--out", export)
     assert "inference.pdiparams" in listed.stdout
-    ours = _predictions(_cli("train.predict", "--model", export, held_out).stdout)
-    from_checkpoint = _predictions(_cli("train.predict", "--model", run, held_out).stdout)
+    ours = _predictions(cli("train.predict", "--model", export, held_out).stdout)
+    from_checkpoint = _predictions(cli("train.predict", "--model", run, held_out).stdout)
     assert [row[:2] for row in ours] == [row[:2] for row in from_checkpoint]
 
     # PaddleOCR's recognizer, as its tools/infer/predict_rec.py sets it up, on the same lines
@@ -146,13 +186,15 @@ def test_pdparams_export_loads_with_paddle_load(tmp_path, ocr_lmdb, paddle_ocr_r
 
 @pytest.mark.torch
 @pytest.mark.parametrize("task", ["ocr", "resnet50"])
-def test_onnx_export_gives_the_checkpoints_argmax(task, tmp_path, ocr_lmdb, image_h5, held_out):
+def test_onnx_export_gives_the_checkpoints_argmax(
+    task, tmp_path, ocr_lmdb, image_h5, held_out, cli
+):
     import onnxruntime
 
     short = [*SHORT, *(SMALL_RESNET if task == "resnet50" else [])]
     run = _train(task, "torch", tmp_path / "run", ocr_lmdb, image_h5, held_out, short)
     export = tmp_path / "export"
-    _cli("train.export", "--run", run, "--format", "onnx", "--out", export)
+    cli("train.export", "--run", run, "--format", "onnx", "--out", export)
     spec, labels = inference.read_contract(export)
     inputs = held_out if task == "ocr" else image_h5
     encoded = [data for _, data, _ in inference.read_inputs([str(inputs)])][:16]
@@ -168,8 +210,8 @@ def test_onnx_export_gives_the_checkpoints_argmax(task, tmp_path, ocr_lmdb, imag
     assert got.shape == expected.shape
     np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
     np.testing.assert_allclose(got, expected, atol=1e-5)
-    ours = _predictions(_cli("train.predict", "--model", export, inputs).stdout)
-    from_checkpoint = _predictions(_cli("train.predict", "--model", run, inputs).stdout)
+    ours = _predictions(cli("train.predict", "--model", export, inputs).stdout)
+    from_checkpoint = _predictions(cli("train.predict", "--model", run, inputs).stdout)
     assert [row[:2] for row in ours] == [row[:2] for row in from_checkpoint]
     assert len(ours) == 24  # both fixtures hold 24 images
     if task == "ocr":  # image files and folders (searched recursively) give the same texts
@@ -180,12 +222,12 @@ def test_onnx_export_gives_the_checkpoints_argmax(task, tmp_path, ocr_lmdb, imag
             suffix = "png" if data.startswith(b"\x89PNG") else "jpg"
             files.append(folder / f"{name}.{suffix}")
             files[-1].write_bytes(data)
-        rows = _predictions(_cli("train.predict", "--model", export, tmp_path / "lines").stdout)
+        rows = _predictions(cli("train.predict", "--model", export, tmp_path / "lines").stdout)
         assert [row[1] for row in rows] == [row[1] for row in ours[:3]]
         assert [row[0] for row in rows] == [str(path) for path in files]
     # train.evaluate on a given checkpoint and dataset: its exact match is train.predict's
     best = run / "best"
-    evaluated = json.loads(_cli("train.evaluate", "--checkpoint", best, "--data", inputs).stdout)
+    evaluated = json.loads(cli("train.evaluate", "--checkpoint", best, "--data", inputs).stdout)
     assert evaluated["checkpoint"] == str(best) and evaluated["samples"] == 24
     main = "acc" if task == "ocr" else "top1"
     assert evaluated[main] == np.mean([row[1] == row[3] for row in from_checkpoint])
@@ -194,17 +236,13 @@ def test_onnx_export_gives_the_checkpoints_argmax(task, tmp_path, ocr_lmdb, imag
     # datasets: a report each, equal to --checkpoint's; nothing written without --out.
     config = run / "config.resolved.yaml"
     weights = ["--config", config, "--weights", run, "--data", inputs, "--data", inputs]
-    reports = json.loads(_cli("train.evaluate", *weights).stdout)
+    reports = json.loads(cli("train.evaluate", *weights).stdout)
     assert [report["weights"] for report in reports] == [str(run)] * 2
     assert [report[main] for report in reports] == [evaluated[main]] * 2
     assert [report["samples"] for report in reports] == [24, 24]
     assert sorted(p.name for p in (run / "eval").iterdir()) == ["best.json"]  # --checkpoint's
     if task == "ocr":  # weights that do not fill the model: refused, not evaluated half-fresh
-        cmd = [sys.executable, "-m", "train.evaluate", *map(str, weights)]
-        refused = subprocess.run(
-            [*cmd, "--set", "model.hidden_size=64"], cwd=ROOT, capture_output=True, text=True
-        )
-        assert refused.returncode == 4, refused.stderr
+        refused = cli("train.evaluate", *weights, "--set", "model.hidden_size=64", expect=4)
         assert "does not hold the whole crnn_tiny model" in refused.stderr
         assert "have another shape" in refused.stderr and "HINT" in refused.stderr
 
