@@ -143,7 +143,7 @@ def test_two_nodes_through_torchrun_c10d_stop_together_and_auto_resume(
             cmd += ["-m", "train", "--config", "configs/resnet50/smoke.yaml"]
             cmd += ["--output-dir", str(run_dir), "--auto-resume"]
             sets = ["framework=torch", *SETTINGS, "loader.batch_size=4"]
-            sets += [f"data.train=s3://{bucket}/imagenet/train.h5", "data.image_size=64"]
+            sets += [f"data.train=s3://{bucket}/imagenet/train.h5", "data.image_size=32"]
             sets += [f"data.remote_cache_dir={tmp_path / f'cache{k}'}"]
             if max_steps:
                 sets.append(f"train.max_steps={max_steps}")
