@@ -14,7 +14,7 @@ on stdin, the reply ``{"returncode": int, "stdout": str, "stderr": str}`` on the
 session started with. Output the commands write to file descriptor 1 below Python (a
 framework's C++ logging) goes to stderr, so it cannot break a reply.
 
-  python tests/probes/cli_session.py   # used by tests/cli.py
+  python tests/probes/cli_session.py   # used by tests/test_after_training.py
 """
 
 from __future__ import annotations
