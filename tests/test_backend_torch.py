@@ -148,6 +148,43 @@ def test_loader_honours_every_knob(ocr_lmdb):
     assert sizes == [40, 40, 16]  # every evaluation sample counts
 
 
+# In a fresh process: multiprocessing's fork server is one per process and reads its preload
+# list once, when it starts.
+FORK_SERVER_PROBE = """
+import json, sys
+from pathlib import Path
+import psutil
+from datasets.sampler import EpochSampler
+from tests.backends import make_config, open_dataset, start
+loader = {"num_workers": 1, "multiprocessing_context": "forkserver"}
+config = make_config("torch", "ocr", Path(sys.argv[1]), loader=loader)
+backend = start(config)
+dataset, _ = open_dataset(config)
+batches = len(list(backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)))
+(server,) = [p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
+maps = Path(f"/proc/{server.pid}/maps").read_text()
+print(json.dumps({"batches": batches, "torch": "libtorch_cpu" in maps, "cv2": "/cv2/" in maps}))
+"""
+
+
+def test_forkserver_workers_are_forked_with_torch_and_opencv_imported(ocr_lmdb):
+    """loader.multiprocessing_context=forkserver: the fork server imports torch, OpenCV and the
+    dataset's module before it forks the first worker, so no worker imports them (about 2 CPU-s
+    each, at every epoch's start without persistent workers). The server holds their native
+    libraries once it has imported them."""
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_SERVER_PROBE, str(ocr_lmdb)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found == {"batches": found["batches"], "torch": True, "cv2": True}
+    assert found["batches"] > 0
+
+
 # ---------------------------------------------------------------- profiler
 def test_profile_ranges_on_cpu(ocr_lmdb):
     quiet = start(make_config("torch", "ocr", ocr_lmdb))

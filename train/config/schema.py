@@ -42,7 +42,9 @@ class LoaderConfig:
     # /dev/shm ring the trainer owns; false: the framework's own hand-over (Paddle: two copies
     # per batch in the worker; torch: a new /dev/shm file per batch, faulted in page by page)
     batch_ring: bool = True
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None  # None: default
+    # None: the platform's default (fork on Linux). torch's forkserver workers fork from a server
+    # that has imported torch, OpenCV and the dataset's module: they start in milliseconds
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever
     drop_last: bool = True  # training drops the last partial batch (evaluation never does)
 

@@ -13,6 +13,7 @@ into a slot that stays mapped and the trainer copies the slot out (RingLoader).
 
 from __future__ import annotations
 
+import multiprocessing
 import weakref
 from collections.abc import Iterator
 
@@ -171,6 +172,21 @@ class RingLoader:
                 self.ring.shrink()  # the slots' pages go back to /dev/shm between epochs
 
 
+def _preload_in_fork_server(dataset) -> None:
+    """Have multiprocessing's fork server import torch, OpenCV and the dataset's modules.
+
+    A forkserver worker is forked from the fork server, a clean process multiprocessing starts
+    at first use; with nothing preloaded each worker imports torch, OpenCV and the dataset's
+    modules itself, about 2 CPU-s a worker, and again at every epoch's start without
+    persistent_workers. Imported once in the server, they are in every worker it forks. The
+    imports start no threads there (torch's and OpenCV's pools start at first use; each worker
+    sets them to one thread), which is what forking from the server keeps safe. The server
+    reads the list when it starts: a call after that changes nothing for the running one.
+    "__main__" is multiprocessing's own default (the script's main module, when it has a path).
+    """
+    multiprocessing.set_forkserver_preload(["__main__", __name__, type(dataset).__module__])
+
+
 def make_loader(
     dataset,
     sampler: EpochSampler,
@@ -188,6 +204,8 @@ def make_loader(
     batches come through a BatchRing of ring_slots(knobs) slots (RingLoader)."""
     workers = knobs.num_workers > 0
     pin_memory = pin_memory and torch.cuda.is_available()
+    if workers and knobs.multiprocessing_context == "forkserver":
+        _preload_in_fork_server(dataset)
     ring = None
     if workers and batch_ring:
         ring = BatchRing.create(ring_slots(knobs))
