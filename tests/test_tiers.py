@@ -84,3 +84,23 @@ def test_the_committed_list_names_tests_that_exist():
     assert (
         not missing
     ), f"regenerate tests/slow_tests.txt (python -m tests.tiers): {sorted(missing)[:5]}"
+
+
+def test_a_report_that_is_missing_or_not_xml_is_named_and_the_list_is_kept(
+    tmp_path, monkeypatch, capsys
+):
+    kept = tmp_path / "slow_tests.txt"
+    kept.write_text("# the list before\n")
+    monkeypatch.setattr(tiers, "LIST", kept)
+    broken = tmp_path / "torch.xml"
+    broken.write_text("<testsuite")  # a report cut off mid-write
+    for args, problem in (
+        ([str(tmp_path / "paddle.xml")], "paddle.xml: no such file"),
+        ([str(broken)], "torch.xml: not XML"),
+        (["--table", str(broken)], "torch.xml: not XML"),
+    ):
+        assert tiers.main(args) == 2
+        err = capsys.readouterr().err
+        assert problem in err and "HINT" in err and "make test" in err
+    assert kept.read_text() == "# the list before\n"
+    assert tiers.main(["--help"]) == 0 and "slow_tests.txt" in capsys.readouterr().out

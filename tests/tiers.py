@@ -85,14 +85,39 @@ def table(reports: list[Path], top: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
+def unreadable(reports: list[Path]) -> str | None:
+    """Why one of ``reports`` cannot be read as a JUnit XML report, or None."""
+    for report in reports:
+        if not report.is_file():
+            return f"{report}: no such file"
+        try:
+            ET.parse(report)
+        except ET.ParseError as error:
+            return f"{report}: not XML ({error})"
+    return None
+
+
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--table":
-        print(table([Path(a) for a in argv[1:]]), end="")
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
         return 0
-    if not argv:
+    as_table = bool(argv) and argv[0] == "--table"
+    reports = [Path(a) for a in (argv[1:] if as_table else argv)]
+    if not reports:
         print(__doc__, file=sys.stderr)
         return 2
-    slow = slow_tests([Path(a) for a in argv], SLOW_S)
+    problem = unreadable(reports)
+    if problem is not None:
+        print(
+            f"error: {problem}. HINT: give the JUnit reports make test writes: "
+            ".cache/test-reports/torch.xml .cache/test-reports/paddle.xml",
+            file=sys.stderr,
+        )
+        return 2
+    if as_table:
+        print(table(reports), end="")
+        return 0
+    slow = slow_tests(reports, SLOW_S)
     body = "".join(f"{t:7.1f}  {nid}\n" for nid, t in slow.items())
     LIST.write_text(HEADER.format(slow=SLOW_S) + body, encoding="utf-8")
     print(f"{LIST}: {len(slow)} slow tests, {sum(slow.values()):.0f} s of them")
