@@ -91,14 +91,15 @@ def loader_report(data, hung_after_s: float | None) -> dict[str, list[str]]:
 
     # A worker killed by a signal can still be tearing down (freeing its memory) when the
     # loader notices the broken pipe: give it a moment to be dead before calling it alive.
+    # Who is alive is read before the table: a worker that dies in between is then found dead
+    # by collect(), not missed by both.
     deadline = time.monotonic() + 3.0
-    found = collect()
-    while not any(found.values()) and time.monotonic() < deadline:
-        if not any(alive for d in datasets for *_, alive in d.in_flight.busy()):
-            break
-        time.sleep(0.2)
+    while True:
+        any_alive = any(alive for d in datasets for *_, alive in d.in_flight.busy())
         found = collect()
-    return found
+        if any(found.values()) or not any_alive or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)
 
 
 # How torch ("DataLoader worker (pid 12) is killed by signal", "... (pid(s) 12) exited
