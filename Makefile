@@ -16,7 +16,8 @@ ARGS ?= --overwrite
 IMAGENET_DATA := data/synth_imagenet
 
 .PHONY: setup train-ocr train-resnet50 data test test-torch test-paddle lint format clean-venvs \
-	doctor bench bench-quick containers-ci finetune-ocr test-quick tune
+	doctor bench bench-quick containers-ci finetune-ocr test-quick tune gpu-wheelhouse \
+	setup-compat test-compat
 
 setup: .venv-paddle/.installed .venv-torch/.installed
 
@@ -243,4 +244,37 @@ containers-ci:
 	bash scripts/ci_containers.sh
 
 clean-venvs:
-	rm -rf .venv-paddle .venv-torch
+	rm -rf .venv-paddle .venv-torch .venv-compat
+
+# A borrowed GPU host has a preinstalled PyTorch and no package index (docs/first_gpu_run.md).
+# gpu-wheelhouse: the few wheels such a host lacks (requirements/gpu-wheelhouse.txt), for its
+# Python (PY, default 3.12), to carry along: scripts/gpu_check.sh --wheelhouse DIR installs them
+# there with --no-index. Prints their count and total size.
+PY ?= 3.12
+WHEELHOUSE_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
+gpu-wheelhouse: .cache/gpu-wheelhouse/py$(PY)/.done
+.cache/gpu-wheelhouse/py%/.done: requirements/gpu-wheelhouse.txt
+	rm -rf $(@D) && mkdir -p $(@D)
+	$(PYTHON) -m pip download $(PIP_FLAGS) -q --no-deps --only-binary=:all: --implementation cp \
+		--python-version $* $(WHEELHOUSE_PLATFORMS) -d $(@D) -r requirements/gpu-wheelhouse.txt
+	@echo "gpu-wheelhouse: $$(ls $(@D)/*.whl | wc -l) wheels, $$(du -cb $(@D)/*.whl | tail -n 1 | cut -f1) bytes in $(@D)"
+	touch $@
+
+# The torch side on the newest stack such a host runs: .venv-compat is the host's Python 3.12
+# with requirements/gpu-host.txt (torch 2.11, numpy 2: what one GPU host had preinstalled), then
+# the wheelhouse installed with --no-index, as on the host. test-compat runs the torch unit tier,
+# one ResNet and one OCR training, and the GPU check's dry run with --wheelhouse and no package
+# index (tests/test_compat.py). CI runs it as its own stage, after make test.
+COMPAT_PYTHON ?= $(or $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12.*/bin/python3.12)),$(shell command -v python3.12 2>/dev/null))
+COMPAT := .venv-compat/bin/python
+setup-compat: .venv-compat/.installed
+.venv-compat/.installed: requirements/gpu-host.txt .cache/gpu-wheelhouse/py3.12/.done
+	@test -n "$(COMPAT_PYTHON)" || { echo "setup-compat: no Python 3.12 here (pyenv's versions/3.12.*, or python3.12 on PATH); set COMPAT_PYTHON=/path/to/python3.12" >&2; exit 2; }
+	$(COMPAT_PYTHON) -m venv .venv-compat
+	$(COMPAT) -m pip install $(PIP_FLAGS) -r requirements/gpu-host.txt
+	$(COMPAT) -m pip install $(PIP_FLAGS) --no-index --no-deps .cache/gpu-wheelhouse/py3.12/*.whl
+	touch $@
+
+test-compat: .venv-compat/.installed
+	@echo "test-compat: $$($(COMPAT) --version) ($(COMPAT)), $$($(COMPAT) -c 'import torch, numpy; print("torch", torch.__version__, "numpy", numpy.__version__)')"
+	TEST_FRAMEWORK=torch TEST_COMPAT=1 $(COMPAT) -m pytest -m "not paddle and (not slow or compat)" --durations=10 --junitxml=$(TEST_REPORTS)/compat.xml $(PYTEST_ARGS)

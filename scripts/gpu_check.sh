@@ -1,39 +1,39 @@
 #!/usr/bin/env bash
-# The first GPU run in two commands; what they measure and how to read them:
-# docs/first_gpu_run.md.
+# The first GPU run in one command, on the PyTorch the GPU host already has; what it measures and
+# how to read it: docs/first_gpu_run.md.
 #
-#   bash scripts/gpu_check.sh setup   # installs the venvs (.cache/gpu-check/), probes them on the
-#                                     # GPU, writes the data: at most 5 minutes; a second call
-#                                     # with everything in place returns in seconds
-#   bash scripts/gpu_check.sh run     # the measurements, most important first: at most 7 minutes
-#   bash scripts/gpu_check.sh run --only 'amp.*,smoke.*'   # only these checks (a cut run's tail)
-#   bash scripts/gpu_check.sh         # both, one after the other (over 10 minutes on a cold host)
-#   bash scripts/gpu_check.sh setup --dry-run && bash scripts/gpu_check.sh run --dry-run
-#                                     # the same code paths on the CPU with the existing
-#                                     # .venv-torch and .venv-paddle (make setup); no installs
+#   bash scripts/gpu_check.sh --python "$(command -v python3)" --wheelhouse .cache/gpu-wheelhouse/py3.12
+#                                 # a host with one NVIDIA GPU: at most 9 minutes, data included
+#   bash scripts/gpu_check.sh --python PY --only 'amp.*,smoke.*'   # only these (a cut run's tail)
+#   bash scripts/gpu_check.sh --dry-run   # the same code paths on the CPU with make setup's venvs
 #
-# A host with one NVIDIA GPU, Python 3.10/3.11, pip and the package index; nothing else. Every
-# check runs as a child process (a failing one is recorded and the next one runs). Each command
-# prints ONE JSON object on stdout and writes it, with a short Markdown table, to
-# runs/gpu-check/gpu_check.{setup,run}.{json,md} after every check (a budget cut keeps what was
-# measured); progress goes to stderr, logs to runs/gpu-check/logs/.
+# Installs nothing from a network: --python's torch runs the torch checks, --paddle-python's Paddle
+# (default: the same interpreter) the Paddle ones, which are skipped where no Paddle GPU build
+# imports; --wheelhouse DIR (make gpu-wheelhouse PY=3.12) brings the few packages such a host
+# lacks, installed with --no-index into OUT/site. Every check runs as a child process (a failing
+# one is recorded and the next one runs). Prints ONE JSON object on stdout, then a short summary
+# as the last lines, and writes the JSON with a Markdown table to OUT/gpu_check.{json,md} after
+# every check (a budget cut keeps what was measured); progress goes to stderr, logs to OUT/logs/.
 # Exit 0: every check ran (each one's status, ok or error, is in the JSON); 3: some were skipped
-# (the budget, or a missing compiler: each says why); 1: the script broke, or `run` found no
-# setup.
-# Environment: PYTHON (the interpreter that runs the check and makes the torch venv; default
-# python3), GPU_CHECK_SETUP_BUDGET_S (default 290), GPU_CHECK_BUDGET_S (run, default 420),
-# GPU_CHECK_PADDLE_BUILDS (e.g. cu118,cu120: the order in which Paddle builds are tried; default:
-# by the GPU's compute capability), GPU_CHECK_PADDLE_CU12_INDEX (where the CUDA 12 build comes
-# from).
+# (the budget, --only, no Paddle build, a missing compiler: each says why); 1: the script broke.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PYTHON=${PYTHON:-python3}
+# The orchestrator runs on --python's interpreter (standard library only), else python3.
+PYTHON=python3
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[i]}" in
+        --python) PYTHON="${args[i + 1]:-}" ;;
+        --python=*) PYTHON="${args[i]#--python=}" ;;
+    esac
+done
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
-    echo "gpu_check: $PYTHON not found; set PYTHON=/path/to/python3.10 (or 3.11)" >&2
-    exit 1
+    echo "gpu_check: $PYTHON not found; give the interpreter that has the host's torch:" \
+         "--python /path/to/python3" >&2
+    exit 2
 fi
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
     echo "gpu_check: $PYTHON is $("$PYTHON" --version 2>&1); it needs Python 3.10 or newer" >&2
-    exit 1
+    exit 2
 fi
 exec "$PYTHON" -m scripts.gpu_check "$@"  # the package scripts/gpu_check/, from the repository root

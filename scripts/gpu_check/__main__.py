@@ -1,10 +1,10 @@
 """Entry point: ``python -m scripts.gpu_check ARGS`` from the repository root (what
 scripts/gpu_check.sh runs). A first argument starting with "_" is a helper command (helpers.py),
-run by the orchestrator in a framework's venv; anything else is the check itself (cli.py).
+run by the orchestrator with a framework's interpreter; anything else is the check itself
+(cli.py).
 
-The orchestrator runs on the host's python3 before any venv exists, so the project is not
-installed there: running as a module from the repository root is what makes ``scripts`` (and,
-in the helpers, ``train`` and ``datasets``) importable.
+The project is not installed on a borrowed host: running as a module from the repository root is
+what makes ``scripts`` (and, in the helpers, ``train`` and ``datasets``) importable.
 """
 
 from __future__ import annotations

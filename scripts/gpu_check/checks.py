@@ -229,17 +229,29 @@ PREFETCH_NOTE = (
 
 
 def toolchain(ctx: Context) -> dict:
-    """What torch.compile needs on this host, asked of the torch venv's Python: a C++ compiler
+    """What torch.compile needs on this host, asked of the torch interpreter: a C++ compiler
     (inductor's CPU kernels), a C compiler (Triton's CUDA launcher) and Python.h."""
     run = ctx.helper("compile.toolchain", "torch", ["_toolchain"], timeout_s=60)
     return run.stats or {"missing": [f"the toolchain probe failed: {run.failure()}"]}
 
 
+def step_compute_s(records: list[dict]) -> list[float]:
+    """Each logged step's time without its wait for data (``batch_cost_s - reader_cost_s``,
+    every step logged): what compiling can change. A step's whole time would read the loader's
+    rate wherever the loader is the limit, the same with or without compile."""
+    return [
+        max(r["batch_cost_s"] - r.get("reader_cost_s", 0.0), 0.0)
+        for r in records
+        if "batch_cost_s" in r
+    ]
+
+
 def check_compile(ctx: Context, framework: str, task: str) -> dict:
     """train.compile off, then on, the same run otherwise: the first step's time (which pays the
-    compile when on), the median of the steps after the warm-up ones (``batch_cost_s``, every
-    step logged), and whether the compiled run's config said so. torch's leg first checks the
-    compilers and Python's headers; without them it is skipped, with what to install."""
+    compile when on), the median of the steps after the warm-up ones (their time without the
+    wait for data: step_compute_s), and whether the compiled run's config said so. torch's leg
+    first checks the compilers and Python's headers; without them it is skipped, with what to
+    install."""
     plan = ctx.plan
     env = plan.compile_env.get(framework)
     extra: dict = {}
@@ -252,7 +264,7 @@ def check_compile(ctx: Context, framework: str, task: str) -> dict:
                 "reason": "torch.compile needs "
                 + " and ".join(found["missing"])
                 + ": install them (Debian/Ubuntu: apt-get install gcc g++ python3-dev, for "
-                "the Python the torch venv was made from), then run again",
+                "the Python of --python), then run again",
                 **extra,
             }
     figures: dict[str, dict] = {}
@@ -267,7 +279,7 @@ def check_compile(ctx: Context, framework: str, task: str) -> dict:
             return failed(run, leg=leg, **extra)
         run_dir = ctx.work / "runs" / name
         records = train_records(run_dir)
-        costs = [r["batch_cost_s"] for r in records if "batch_cost_s" in r]
+        costs = step_compute_s(records)
         later = costs[plan.warmup_steps :]
         device = run_device(train_log(run_dir)) or run.stats.get("device")
         figures[leg] = {

@@ -1,4 +1,4 @@
-"""Running children: ``Context`` (the plan, the work folder, the venvs' pythons, the clock) starts
+"""Running children: ``Context`` (the plan, the work folder, the interpreters, the clock) starts
 every child process in its own session, with a log and a timeout that never reaches past the
 budget; ``RunResult`` is what one child left; ``OutOfTime`` skips a check past the budget.
 """
@@ -52,12 +52,12 @@ class OutOfTime(Exception):
 
 
 class Context:
-    """What every check needs: the plan, the work folder, the venvs' pythons, the clock."""
+    """What every check needs: the plan, the work folder, the interpreters, the clock."""
 
     def __init__(self, plan: Plan, work: Path, budget_s: float) -> None:
         self.plan = plan
         self.work = work
-        self.deadline = time.monotonic() + budget_s  # each command (setup, run) has its own
+        self.deadline = time.monotonic() + budget_s
         self.budget_s = budget_s
         self.python: dict[str, str | None] = {"torch": None, "paddle": None}
         self.env: dict[str, dict[str, str]] = {"torch": {}, "paddle": {}}
@@ -99,8 +99,9 @@ class Context:
             raise OutOfTime("interrupted")
         left = self.remaining()
         if left < reserve_s:
-            raise OutOfTime(f"time budget spent ({self.budget_s:.0f} s, GPU_CHECK_BUDGET_S)")
-        timeout = min(timeout_s or self.plan.run_timeout_s, left)
+            raise OutOfTime(f"time budget spent ({self.budget_s:.0f} s, --budget-s)")
+        own_timeout = timeout_s or self.plan.run_timeout_s
+        timeout = min(own_timeout, left)
         log_path = self.work / "logs" / f"{name}.log"
         started = time.monotonic()
         with open(log_path, "w", encoding="utf-8") as out:
@@ -123,6 +124,13 @@ class Context:
             finally:
                 nvml = sampler.stop() if sampler is not None else None
         output = log_path.read_text(encoding="utf-8", errors="replace")
+        if rc is None and timeout < own_timeout:
+            # Killed at the budget's end, not at its own timeout: the check did not fail, it
+            # was cut (skipped, and the command's exit code says so).
+            raise OutOfTime(
+                f"cut by the time budget ({self.budget_s:.0f} s, --budget-s) after "
+                f"{time.monotonic() - started:.0f} s of {name}; log {log_path}"
+            )
         result = RunResult(rc, time.monotonic() - started, log_path, output, timeout_s=timeout)
         result.nvml = nvml
         return result
@@ -153,8 +161,8 @@ class Context:
         env: dict[str, str] | None = None,
         sample_gpu: bool = False,
     ) -> RunResult:
-        """Run a helper command of this package (helpers.py) in ``framework``'s venv (plus
-        ``env``)."""
+        """Run a helper command of this package (helpers.py) with ``framework``'s interpreter
+        (plus ``env``)."""
         python = self.python[framework]
         if python is None:
             raise RuntimeError(f"setup.{framework} failed: {self.setup_error.get(framework, '?')}")
@@ -171,8 +179,8 @@ class Context:
     def train(
         self, name: str, framework: str, train_args: list[str], env: dict[str, str] | None = None
     ) -> RunResult:
-        """``python -m train TRAIN_ARGS`` in the framework's venv, through ``_train``, with the
-        GPU sampled."""
+        """``python -m train TRAIN_ARGS`` with the framework's interpreter, through ``_train``,
+        with the GPU sampled."""
         args = ["_train", "--", *train_args]
         return self.helper(name, framework, args, stats=True, env=env, sample_gpu=True)
 

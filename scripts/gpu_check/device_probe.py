@@ -1,5 +1,5 @@
-"""The ``_probe`` helper (runs in a framework's venv): the framework build and a few ops on the
-device, each on its own so that the first failing one names the library (elementwise, matmul:
+"""The ``_probe`` helper (run by a framework's interpreter): the framework build and a few ops on
+the device, each on its own so that the first failing one names the library (elementwise, matmul:
 cuBLAS, conv2d: cuDNN, LSTM and CTC loss: what the CRNN uses), then a real training step:
 conv, BatchNorm in training mode, a linear head, the backward pass and an Adam step (the kernels
 a build can lack while its forward ops run: cuDNN's backward convolutions, BatchNorm's backward,
@@ -9,7 +9,9 @@ the fused optimizer update).
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
+import sys
 
 from .util import emit, short_error
 
@@ -38,6 +40,7 @@ def helper_probe(args: argparse.Namespace) -> int:
 
 def _probe_torch(facts: dict, device_kind: str) -> dict[str, str]:
     """torch's build into ``facts``; its ops' results on ``device_kind`` (gpu or cpu)."""
+    import numpy
     import torch
 
     facts.update(
@@ -45,7 +48,14 @@ def _probe_torch(facts: dict, device_kind: str) -> dict[str, str]:
         cuda=torch.version.cuda,
         compiled_with_cuda=torch.version.cuda is not None,
         cudnn_runtime=torch.backends.cudnn.version(),
+        python=sys.version.split()[0],
+        numpy=numpy.__version__,
+        imports=_project_imports(),
     )
+    missing = [name for name, origin in facts["imports"].items() if origin is None]
+    if missing:
+        facts["missing_imports"] = missing
+        raise ImportError(f"the project's data layer needs {', '.join(missing)}")
     if device_kind == "gpu":
         if not torch.cuda.is_available():
             raise RuntimeError("torch.cuda.is_available() is False")
@@ -62,8 +72,11 @@ def _probe_torch(facts: dict, device_kind: str) -> dict[str, str]:
 
 def _probe_paddle(facts: dict, device_kind: str) -> dict[str, str]:
     """Paddle's build into ``facts``; its ops' results on ``device_kind`` (gpu or cpu)."""
-    import paddle
-
+    try:
+        import paddle
+    except ImportError as error:
+        facts["import_error"] = short_error(error)
+        raise
     compiled = bool(paddle.is_compiled_with_cuda())
     facts.update(
         version=paddle.__version__,
@@ -78,14 +91,49 @@ def _probe_paddle(facts: dict, device_kind: str) -> dict[str, str]:
         if count == 0:
             raise RuntimeError("Paddle sees no GPU (paddle.device.cuda.device_count() == 0)")
         paddle.set_device("gpu:0")
+        capability = tuple(paddle.device.cuda.get_device_capability(0))
         facts.update(
             device_name=paddle.device.cuda.get_device_name(0),
-            capability=".".join(map(str, paddle.device.cuda.get_device_capability(0))),
+            capability=".".join(map(str, capability)),
             cudnn_runtime=paddle.get_cudnn_version(),
+            arch_problem=paddle_arch_problem(facts["version"], facts["cuda"], capability),
         )
+        if facts["arch_problem"] and facts["arch_problem"]["fatal"]:
+            # A CUDA 11.x build on Hopper passes small ops and aborts later in training: no
+            # op is run, the build is refused by its facts.
+            raise RuntimeError(facts["arch_problem"]["reason"])
     else:
         paddle.set_device("cpu")
     return _paddle_ops(paddle)
+
+
+def paddle_arch_problem(version: str, cuda: str | None, capability: tuple) -> dict | None:
+    """The doctor's verdict on this Paddle build for a GPU of ``capability``: None, or its
+    reason, fix and whether it is fatal."""
+    from train.doctor_gpu import arch_problem
+    from train.gpu_probe import FrameworkCuda
+
+    build = FrameworkCuda("paddle", version=version, cuda=cuda, compiled=cuda is not None)
+    problem = arch_problem(build, (int(capability[0]), int(capability[1])))
+    return None if problem is None else problem._asdict()
+
+
+# What the data layer imports beside the framework: a preinstalled GPU host has the first four,
+# the wheelhouse brings the rest (requirements/gpu-wheelhouse.txt).
+PROJECT_IMPORTS = ("cv2", "h5py", "PIL", "yaml", "lmdb", "simplejpeg", "isal")
+
+
+def _project_imports() -> dict[str, str | None]:
+    """Where each of PROJECT_IMPORTS is imported from; None for one that does not import."""
+    found: dict[str, str | None] = {}
+    for name in PROJECT_IMPORTS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            found[name] = None
+        else:
+            found[name] = str(getattr(module, "__file__", None) or name)
+    return found
 
 
 def _run_ops(ops) -> dict[str, str]:

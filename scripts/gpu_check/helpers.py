@@ -1,11 +1,11 @@
-"""The helper commands, which the orchestrator runs as children in a framework's venv
+"""The helper commands, which the orchestrator runs as children with a framework's interpreter
 (``python -m scripts.gpu_check _NAME ...``, from the repository root): ``_probe``
 (device_probe.py), ``_configs`` (command lines through the config loader), ``_data`` (synthetic
 datasets), ``_train`` (``python -m train`` plus peak device memory and, for fp16, the loss
 scale), ``_synthetic`` (ResNet-50 steps on random device tensors), ``_toolchain`` (what
 torch.compile needs) and ``_ranks`` (one rank of the two-rank gloo run, under torchrun). Each
 answers in a stats file or one ``GPU-CHECK`` line. Framework and project imports happen inside
-them, in the venv.
+them, in that interpreter.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def _scale_trajectory(scales: list[float]) -> dict | None:
 
 def helper_toolchain(args: argparse.Namespace) -> int:
     """What torch.compile needs here, as the torch backend checks it: a C++ compiler (inductor's
-    CPU kernels), a C compiler (Triton's CUDA launcher), Python.h of this venv's Python."""
+    CPU kernels), a C compiler (Triton's CUDA launcher), Python.h of this Python."""
     import shutil
     import sysconfig
 

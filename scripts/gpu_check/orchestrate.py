@@ -1,18 +1,16 @@
-"""The order of the checks. ``setup``: both venvs (installed, probed on the device), every
-command line through the config loader, the data; what it found is kept in a state file that
-``run`` reads. ``run``: the timed checks one at a time, most important first (synthetic ceiling,
-the loader at 8 workers, the prefetcher off, train.compile, the Paddle batch ring), then the
-correctness runs several at once (AMP, smoke with resume, PP-OCRv4 fine-tune and export, two
-gloo ranks). ``run_check`` turns whatever a check raises into its JSON entry and has the report
-written after every check; a check whose prerequisite failed is marked an error.
+"""The order of the checks: setup (the wheelhouse, both frameworks probed on the device, every
+command line through the config loader, the data), then the timed checks one at a time, most
+important first (synthetic ceiling, the loader at 8 workers, the prefetcher off, train.compile,
+the Paddle batch ring), then the correctness runs several at once (AMP, smoke with resume,
+PP-OCRv4 fine-tune and export, two gloo ranks). ``run_check`` turns whatever a check raises into
+its JSON entry and has the report written after every check; a check whose prerequisite failed
+is marked an error, one whose framework is not on this host skipped.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import datetime
 import fnmatch
-import json
 import threading
 import traceback
 from pathlib import Path
@@ -30,18 +28,16 @@ from .checks import (
     check_synthetic,
 )
 from .context import Context, OutOfTime
-from .plan import (
-    AMP_DTYPES,
-    COMPILE_RUNS,
-    FRAMEWORKS,
-    RING_LEGS,
-    SETUP_CHECKS,
-    TASKS,
-    check_names,
-    run_checks,
+from .plan import AMP_DTYPES, COMPILE_RUNS, FRAMEWORKS, RING_LEGS, TASKS, run_checks
+from .report import NOT_REACHED, host_facts
+from .setup import (
+    NotHere,
+    SetupError,
+    build_facts,
+    install_wheelhouse,
+    setup_paddle,
+    setup_torch,
 )
-from .report import host_facts
-from .setup import CACHE, SetupError, setup_paddle, setup_torch
 from .util import say, tail
 
 _lock = threading.Lock()
@@ -72,200 +68,119 @@ def run_check(report: dict, ctx: Context, name: str, func, *args) -> dict:
 
 
 def blocked(report: dict, names: list[str], reason: str) -> None:
+    """Each of ``names`` not yet decided becomes an error: what it needs failed."""
     for name in names:
-        if report["checks"].get(name, {}).get("status") in (None, "skipped"):
+        if report["checks"].get(name, NOT_REACHED) == NOT_REACHED:
             report["checks"][name] = {"status": "error", "error": reason}
 
 
 def needs(name: str) -> str:
-    """The framework venv a check needs: paddle or torch (configs and data run in torch's)."""
+    """The framework a check needs: paddle or torch (configs and data run with torch's)."""
     return "paddle" if ".paddle." in name else "torch"
 
 
-# --- setup --------------------------------------------------------------------------------------
+# --- setup ---------------------------------------------------------------------------------------
 
 
-def state_path(ctx: Context) -> Path:
-    """Where setup leaves what it found: beside the venvs (GPU), in the work folder (dry-run)."""
-    return (CACHE if ctx.plan.gpu else ctx.work) / "setup.json"
-
-
-def _venv_stamp(python: str | None) -> str | None:
-    """The install stamp of the venv ``python`` belongs to (ensure_installed writes it)."""
-    if python is None:
-        return None
-    stamp = Path(python).parent.parent / ".gpu-check-installed"
-    return stamp.read_text().strip() if stamp.is_file() else "no stamp"
-
-
-def _reusable(ctx: Context, state: dict) -> bool:
-    """Whether an earlier setup's state still holds: the same mode and work folder, every
-    setup check ok, the venvs' pythons there with the same install stamps."""
-    if state.get("mode") != ("gpu" if ctx.plan.gpu else "dry-run"):
-        return False
-    if state.get("work_dir") != str(ctx.work):
-        return False
-    if any(state.get("checks", {}).get(n, {}).get("status") != "ok" for n in SETUP_CHECKS):
-        return False
-    for framework in FRAMEWORKS:
-        python = state.get("python", {}).get(framework)
-        if not python or not Path(python).exists():
-            return False
-        if state.get("stamps", {}).get(framework) != _venv_stamp(python):
-            return False
-    return (ctx.work / "data" / "sizes.json").is_file()
-
-
-def _restore(report: dict, ctx: Context, state: dict) -> None:
-    for key in ("host", "torch_build", "paddle_build"):
-        report[key] = state[key]
-    for name in SETUP_CHECKS:
-        report["checks"][name] = state["checks"][name]
-    ctx.python.update(state["python"])
-    ctx.env.update(state["env"])
-    ctx.setup_error.update(state.get("setup_error", {}))
-
-
-def orchestrate_setup(report: dict, ctx: Context) -> None:
-    """Install and probe both venvs (at once: the downloads overlap), then configs and the data
-    in the torch venv. A second call finds the state file and returns in seconds."""
-    path = state_path(ctx)
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        state = {}
-    if state and _reusable(ctx, state):
-        _restore(report, ctx, state)
-        report["setup_reused"] = str(path)
-        say(f"setup: everything in place ({path}); nothing to do")
-        return
+def setup(report: dict, ctx: Context, wheelhouse: Path | None) -> None:
+    """The wheelhouse (when given), both frameworks probed at once, then configs and the data
+    with the torch interpreter."""
     report["host"] = host_facts(ctx.plan)
-    capability = report["host"].get("compute_capability")
+    if wheelhouse is not None:
+        try:
+            report["wheelhouse"] = install_wheelhouse(ctx, ctx.python["torch"], wheelhouse)
+        except (SetupError, OutOfTime) as error:
+            report["wheelhouse"] = {"dir": str(wheelhouse), "error": str(error)}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
     try:
-        torch_side = pool.submit(_torch_side, report, ctx)
-        paddle_side = pool.submit(run_setup_paddle, report, ctx, capability)
-        torch_side.result()
-        paddle_side.result()
+        sides = [pool.submit(_torch_side, report, ctx), pool.submit(_paddle_side, report, ctx)]
+        for side in sides:
+            side.result()
     except BaseException:
         ctx.stop()
         raise
     finally:
         pool.shutdown(wait=True)
-    state = {
-        "mode": report["mode"],
-        "work_dir": str(ctx.work),
-        "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        **{key: report[key] for key in ("host", "torch_build", "paddle_build")},
-        "checks": {name: report["checks"][name] for name in SETUP_CHECKS},
-        "python": ctx.python,
-        "env": ctx.env,
-        "setup_error": ctx.setup_error,
-        "stamps": {fw: _venv_stamp(ctx.python[fw]) for fw in FRAMEWORKS},
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state, indent=2, default=str))
-    report["setup_state"] = str(path)
 
 
 def _torch_side(report: dict, ctx: Context) -> None:
-    """setup.torch, then (it needs the torch venv) configs and data."""
-    run_setup_torch(report, ctx)
-    if ctx.python["torch"] is None:
-        reason = f"setup.torch failed: {ctx.setup_error['torch']}"
-        blocked(report, ["configs", "data"], reason)
+    """setup.torch, then (they need it) configs and data."""
+    failure = (report.get("wheelhouse") or {}).get("error")
+    if failure:
+        result = {"status": "error", "error": failure}
+    else:
+        result = _setup_result(setup_torch, ctx)
+    report["checks"]["setup.torch"] = result
+    report["torch_build"] = {**build_facts(result), "python": result.get("python")}
+    _said("setup.torch", result)
+    if result["status"] != "ok":
+        ctx.setup_error["torch"] = result.get("error") or result.get("reason", "")
+        blocked(report, ["configs", "data"], f"setup.torch failed: {ctx.setup_error['torch']}")
+        ctx.publish()
         return
+    ctx.publish()
     run_check(report, ctx, "configs", check_configs)
     run_check(report, ctx, "data", check_data)
 
 
-def run_setup_torch(report: dict, ctx: Context) -> None:
-    """setup.torch, and torch_build from it; on failure no torch check can run."""
+def _paddle_side(report: dict, ctx: Context) -> None:
+    """setup.paddle: ok, an error (a build that cannot run here), or skipped (no Paddle build
+    here: its checks are skipped too, with the same reason)."""
+    result = _setup_result(setup_paddle, ctx)
+    report["checks"]["setup.paddle"] = result
+    report["paddle_build"] = {**build_facts(result), "python": ctx.python["paddle"]}
+    if result["status"] != "ok":
+        ctx.setup_error["paddle"] = result.get("error") or result.get("reason", "")
+    _said("setup.paddle", result)
+    ctx.publish()
+
+
+def _setup_result(func, ctx: Context) -> dict:
     try:
-        torch_result = setup_torch(ctx)
-    except OutOfTime as error:
-        torch_result = {"status": "skipped", "reason": str(error)}
+        return func(ctx)
+    except (OutOfTime, NotHere) as error:
+        return {"status": "skipped", "reason": str(error)}
     except SetupError as error:
-        torch_result = {**error.info, "status": "error", "error": str(error)}
+        return {**error.info, "status": "error", "error": str(error)}
     except Exception as error:
-        torch_result = {"status": "error", "error": str(error)}
-    report["checks"]["setup.torch"] = torch_result
-    report["torch_build"] = {
-        k: torch_result.get(k)
-        for k in ("version", "cuda", "cudnn_runtime", "device_name", "capability", "venv")
-    }
-    say(f"setup.torch: {torch_result['status']} {torch_result.get('error', '')}")
-    if torch_result["status"] != "ok":
-        ctx.python["torch"] = None
-        ctx.setup_error["torch"] = torch_result.get("error") or torch_result.get("reason", "")
-    ctx.publish()
+        return {"status": "error", "error": f"{type(error).__name__}: {error}"}
 
 
-def run_setup_paddle(report: dict, ctx: Context, capability: str | None) -> None:
-    """setup.paddle (its attempts go into paddle_build); on failure no Paddle check can run."""
-    try:
-        paddle_result = setup_paddle(ctx, report["paddle_build"], capability)
-    except OutOfTime as error:
-        paddle_result = {"status": "skipped", "reason": str(error)}
-    except Exception as error:
-        paddle_result = {"status": "error", "error": str(error)}
-    report["checks"]["setup.paddle"] = paddle_result
-    say(f"setup.paddle: {paddle_result['status']} {paddle_result.get('error', '')}")
-    if paddle_result["status"] != "ok":
-        ctx.python["paddle"] = None
-        ctx.setup_error["paddle"] = paddle_result.get("error") or paddle_result.get("reason", "")
-    ctx.publish()
+def _said(name: str, result: dict) -> None:
+    say(f"{name}: {result['status']} {result.get('error') or result.get('reason') or ''}")
 
 
 # --- run ----------------------------------------------------------------------------------------
 
 
-def load_setup(report: dict, ctx: Context) -> bool:
-    """The setup state into ``report`` and ``ctx``; False (every check then an error) when
-    there is none. The dry-run, whose setup takes seconds, sets up here instead."""
-    path = state_path(ctx)
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        state = {}
-    if state and state.get("mode") == report["mode"] and state.get("work_dir") == str(ctx.work):
-        _restore(report, ctx, state)
-        report["setup_state"] = str(path)
-        return True
-    if not ctx.plan.gpu:
-        say("run --dry-run: no setup state in the work folder; setting up first (no installs)")
-        orchestrate_setup(report, ctx)
-        return True
-    reason = f"no setup state at {path}: run `bash scripts/gpu_check.sh setup` first"
-    blocked(report, check_names(), reason)
-    return False
-
-
-def orchestrate_run(report: dict, ctx: Context) -> None:
-    if not load_setup(report, ctx):
-        return
+def orchestrate(report: dict, ctx: Context, wheelhouse: Path | None) -> None:
+    """Setup, then the timed checks one at a time, then the correctness checks."""
+    setup(report, ctx, wheelhouse)
     checks = report["checks"]
-    data_there = (ctx.work / "data" / "sizes.json").is_file()
-    if (checks["data"]["status"] != "ok" or not data_there) and ctx.python["torch"] is not None:
-        run_check(report, ctx, "data", check_data)  # cut short in setup, or the folder went
     for framework in FRAMEWORKS:
-        if ctx.python[framework] is None:
-            reason = f"setup.{framework} failed: {ctx.setup_error.get(framework)}"
-            blocked(report, [n for n in run_checks() if needs(n) == framework], reason)
+        setup_check = checks[f"setup.{framework}"]
+        names = [n for n in run_checks() if needs(n) == framework]
+        if setup_check["status"] == "skipped":
+            for name in names:
+                checks[name] = {"status": "skipped", "reason": setup_check["reason"]}
+        elif setup_check["status"] != "ok":
+            blocked(report, names, f"setup.{framework} failed: {ctx.setup_error.get(framework)}")
     if checks["data"]["status"] != "ok":
-        blocked(report, run_checks(), "no data: the data check failed")
+        blocked(report, run_checks(), "no data: the data check did not pass")
         return
     timed(report, ctx)
     correctness(report, ctx)
 
 
 def _ready(report: dict, ctx: Context, name: str) -> bool:
-    """Not already failed for want of its venv or the data, and selected (``--only``)."""
+    """Not already decided by its framework's setup or the data, and selected (``--only``)."""
+    if report["checks"][name] != NOT_REACHED:
+        return False
     if ctx.only and not any(fnmatch.fnmatchcase(name, pattern) for pattern in ctx.only):
         reason = f"not selected (--only {','.join(ctx.only)})"
         report["checks"][name] = {"status": "skipped", "reason": reason}
         return False
-    return report["checks"][name]["status"] == "skipped"
+    return True
 
 
 def timed(report: dict, ctx: Context) -> None:

@@ -16,13 +16,15 @@ from pathlib import Path
 
 from .checks import PREFETCH_NOTE
 from .plan import LOADER_WORKERS, RING_LEGS, SCHEMA, Plan
-from .setup import BUILD_FACTS, cu12_index
+from .setup import BUILD_FACTS
+
+NOT_REACHED = {"status": "skipped", "reason": "not reached"}
 
 
-def skeleton(plan: Plan, work: Path, command: str, names: list[str]) -> dict:
+def skeleton(plan: Plan, work: Path, names: list[str]) -> dict:
+    build = {"python": None, **dict.fromkeys(BUILD_FACTS)}
     return {
         "schema": SCHEMA,
-        "command": command,
         "mode": "gpu" if plan.gpu else "dry-run",
         "ok": False,
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -31,17 +33,10 @@ def skeleton(plan: Plan, work: Path, command: str, names: list[str]) -> dict:
         "work_dir": str(work),
         "report_md": None,
         "host": {},
-        "torch_build": {},
-        "paddle_build": {
-            "ran": None,
-            "order": [],
-            "chosen_by": None,
-            **dict.fromkeys(BUILD_FACTS),
-            "attempts": [],
-            "cu12_source": f"{cu12_index()} (Paddle's own package index)",
-            "note": None,
-        },
-        "checks": {name: {"status": "skipped", "reason": "not reached"} for name in names},
+        "wheelhouse": None,
+        "torch_build": dict(build),
+        "paddle_build": dict(build),
+        "checks": {name: dict(NOT_REACHED) for name in names},
         "summary": {},
         "script_error": None,
     }
@@ -156,13 +151,22 @@ def summarize(report: dict) -> None:
         )
     summary.update(
         peak_gpu_memory_mb=_peak_memory(checks),
-        paddle_build=report["paddle_build"].get("ran"),
-        paddle_build_chosen_by=report["paddle_build"].get("chosen_by"),
+        torch_build=_build_line(report["torch_build"]),
+        paddle_build=_build_line(report["paddle_build"])
+        or (report["checks"].get("setup.paddle") or {}).get("reason"),
         failed=[n for n, s in statuses.items() if s == "error"],
         skipped=[n for n, s in statuses.items() if s == "skipped"],
     )
     report["summary"] = summary
     report["ok"] = all(s == "ok" for s in statuses.values())
+
+
+def _build_line(build: dict) -> str | None:
+    """The framework build that ran ("2.11.0 (CUDA 13.0) in PYTHON"), or None."""
+    if not build.get("version"):
+        return None
+    cuda = f"CUDA {build['cuda']}" if build.get("cuda") else "CPU build"
+    return f"{build['version']} ({cuda}) in {build.get('python')}"
 
 
 def _peak_memory(checks: dict) -> dict:
@@ -247,14 +251,14 @@ def markdown(report: dict) -> str:
     """The short table beside the JSON: one row per check, its status and headline figure."""
     host, summary = report.get("host") or {}, report.get("summary") or {}
     lines = [
-        f"# gpu_check {report['command']} ({report['mode']})",
+        f"# gpu_check ({report['mode']})",
         "",
         f"- ok: **{report['ok']}**, {report.get('elapsed_s')} s "
         f"(budget {report.get('budget_s')} s)",
         f"- GPU: {host.get('gpu')} (compute capability {host.get('compute_capability')}, "
         f"driver {host.get('driver')}, CUDA {host.get('cuda_driver')})",
-        f"- Paddle build: {report['paddle_build'].get('ran')}; "
-        f"{report['paddle_build'].get('chosen_by')}",
+        f"- torch: {summary.get('torch_build')}",
+        f"- Paddle: {summary.get('paddle_build')}",
         f"- failed: {summary.get('failed')}; skipped: {summary.get('skipped')}",
         "",
         "| check | status | figure | note |",
