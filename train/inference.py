@@ -19,6 +19,7 @@ backends; ONNX Runtime is no training framework and runs here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -360,6 +361,7 @@ def load_weights(path: str, config, labels: list[str]):
 def _built_backend(config, labels: list[str], origin: Path):
     from train.backends import make_backend
 
+    config = _uncompiled(config)
     try:
         backend = make_backend(config)
     except ImportError as error:
@@ -369,3 +371,11 @@ def _built_backend(config, labels: list[str], origin: Path):
     input_shape = tasks.get(config.task).input_shape(config.data)
     backend.build(config.model, config.optim, input_shape, num_classes(config, labels), 1)
     return backend
+
+
+def _uncompiled(config):
+    """``config`` with train.compile off. After training only the bare model runs (predict,
+    infer, export's tracing), never the compiled training step, and checkpoints are the same
+    files either way; built with compile on, torch's backend would check for the C compiler
+    torch.compile needs and refuse a host without one, such as an export or serving host."""
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, compile=False))

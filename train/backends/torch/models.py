@@ -45,8 +45,35 @@ class Crnn(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images)  # [N, C, 1, T]
         sequence = features.squeeze(2).permute(0, 2, 1)  # [N, T, C]
-        sequence, _ = self.rnn(sequence)
-        return self.head(sequence)
+        return self.head(self._recurrent(sequence))
+
+    def _recurrent(self, sequence: torch.Tensor) -> torch.Tensor:
+        """The LSTM over ``sequence``, in recurrent_dtype's dtype."""
+        device_type = sequence.device.type
+        if torch.is_autocast_enabled(device_type) and recurrent_dtype(device_type) == torch.float32:
+            with torch.autocast(device_type, enabled=False):
+                return self.rnn(sequence.float())[0]
+        return self.rnn(sequence)[0]
+
+
+def recurrent_dtype(device_type: str) -> torch.dtype:
+    """The dtype the CRNN's LSTM (float32 weights) runs in under the autocast in force on
+    ``device_type``: float16 under fp16 autocast, float32 under any other autocast or none.
+
+    fp16 is autocast's own RNN path (cuDNN's fp16 LSTM), whose gradients train.amp fp16's loss
+    scaler guards. Under bf16, torch 2.6 has no bf16 LSTM to hand over to: autocast gives the
+    ``lstm`` op no cast of its own (ATen/autocast_mode.h, AT_FORALL_LOWER_PRECISION_FP lists only
+    the cells), so the input's dtype decides the path. A float32 input is one cuDNN takes
+    (at::native::cudnn_is_acceptable: double, float and half only) and reaches ``_cudnn_rnn``,
+    whose autocast wrapper (aten/src/ATen/cudnn/AutocastRNN.cpp, _cudnn_rnn_cast_reflatten)
+    casts the input, weights and states to float16 whatever the autocast dtype: fp16 gradients
+    with no loss scaler (train.amp bf16 runs without one), which can underflow. A bf16 input (the
+    convolutions' output under bf16) is not cuDNN's: the LSTM runs step by step in ATen's own
+    kernels (linear, _thnn_fused_lstm_cell), slower, with the cell state rounded to bf16 at every
+    step. float32 with autocast off is cuDNN's float32 LSTM: one known dtype, in full range."""
+    autocast = torch.is_autocast_enabled(device_type)
+    fp16 = autocast and torch.get_autocast_dtype(device_type) == torch.float16
+    return torch.float16 if fp16 else torch.float32
 
 
 def _crnn(model: Model, num_classes: int, input_shape, hidden_size: int) -> nn.Module:

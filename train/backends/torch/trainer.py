@@ -74,7 +74,9 @@ class TorchTrainer(common.TrainerBase):
         dtype = common.amp_dtype(self.runtime.train.amp, device.type == "cuda")
         self.amp_dtype = getattr(torch, dtype) if dtype else None
         # Only fp16 needs loss scaling (its exponent range is narrow); disabled, the scaler
-        # passes everything through and its state is an empty dict.
+        # passes everything through and its state is an empty dict. Under bf16 nothing runs in
+        # fp16: the CRNN's LSTM, which torch's autocast would run in fp16 on cuDNN, runs in
+        # float32 there (models.recurrent_dtype).
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
