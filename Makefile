@@ -264,7 +264,7 @@ gpu-wheelhouse: .cache/gpu-wheelhouse/py$(PY)/.done
 # with requirements/gpu-host.txt (torch 2.11, numpy 2: what one GPU host had preinstalled), then
 # the wheelhouse installed with --no-index, as on the host. test-compat runs the torch unit tier,
 # one ResNet and one OCR training, and the GPU check's dry run with --wheelhouse and no package
-# index (tests/test_compat.py). CI runs it as its own stage, after make test.
+# index (tests/test_gpu_check.py). CI runs it as its own stage, after make test.
 COMPAT_PYTHON ?= $(or $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12.*/bin/python3.12)),$(shell command -v python3.12 2>/dev/null))
 COMPAT := .venv-compat/bin/python
 setup-compat: .venv-compat/.installed

@@ -124,14 +124,15 @@ def state_values(backend, framework: str) -> dict[str, np.ndarray]:
 def test_train_steps_read_nothing_and_skip_nan_steps_on_the_device(
     framework, task, optim, host_reads, ocr_lmdb, image_h5
 ):
-    """Eight steps, the first and the fifth over NaN images (the first before any optimizer
-    state exists: fused SGD, skipped there, would leave uninitialized momentum): zero host
-    reads in the steps and one in read_steps, which flags exactly those two; and the weights,
-    BatchNorm statistics and optimizer state end bit for bit as those of a twin that trained
-    on the six good batches alone (constant LR): the NaN steps changed nothing. Before, each
-    step read its finite flag on the host (8 reads)."""
+    """Eight steps under train.nonfinite: skip, the first and the fifth over NaN images (the
+    first before any optimizer state exists: fused SGD, skipped there, would leave
+    uninitialized momentum): zero host reads in the steps and one in read_steps, which flags
+    exactly those two; and the weights, BatchNorm statistics and optimizer state end bit for
+    bit as those of a twin that trained on the six good batches alone (constant LR): the NaN
+    steps changed nothing. Before, each step read its finite flag on the host (8 reads)."""
     data = ocr_lmdb if task == "ocr" else image_h5
-    config = make_config(framework, task, data, optim=optim, data=SMALL_IMAGES[task])
+    train = {"device": "cpu", "nonfinite": "skip"}
+    config = make_config(framework, task, data, optim=optim, data=SMALL_IMAGES[task], train=train)
     bad = {0, 4}
     good_only = start(config)
     batches, num_classes = first_batches(good_only, config, 8)

@@ -234,6 +234,8 @@ class Run:
             "final_loss": loss,
             "samples_per_s": totals["samples"] / wall,
             "data_wait_fraction": data_wait,
+            # the device holding the loader's hand-over back: not counted as data wait
+            "device_wait_fraction": totals["device_wait_s"] / wall,
             # above train.stall.BOTTLENECK_FRACTION: which bottleneck held the loader
             **stall.summary_keys(data_wait, self.telemetry.loader_use()),
             "bad_samples_total": sum(self.data.train.bad_log.total_counts().values()),

@@ -1,11 +1,14 @@
 """train.nonfinite: what a step whose loss or gradients were NaN/Inf does to the run.
 
-The backend skips such a step's update on every rank and keeps its loss and flag on the device;
-this policy reads the steps queued since its last read in ONE read of the device
-(backend.read_steps), once per logging window and before an evaluation, a checkpoint or the end
-of an epoch, where the loop waits for the device anyway. So an abort comes up to
-train.log_every - 1 steps after its bad step, naming that step: nothing is lost by the wait,
-since a bad step changes no weights and nothing after it was saved yet.
+The backend keeps such a step's loss and flag on the device; this policy reads the steps queued
+since its last read in ONE read of the device (backend.read_steps), once per logging window and
+before an evaluation, a checkpoint or the end of an epoch, where the loop waits for the device
+anyway. So an abort comes up to train.log_every - 1 steps after its bad step, naming that step:
+nothing is lost by the wait, since every evaluation and checkpoint comes after a read, and no
+weights of a bad step or of the steps after it are ever evaluated or saved. Under skip the
+backend undoes a bad step's update on every rank, since the run goes on from those weights;
+under abort the run ends at the read, so the backend need not undo it (the Paddle backend does
+not, and copies no state per step for it).
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ class NonFiniteSteps:
         )
         saved = checkpoint.latest(self.run_dir)
         raise NonFiniteLossError(
-            f"{problem}; the weights were not updated by it, nor checkpointed (latest "
+            f"{problem}; no checkpoint holds weights of that step or later (latest "
             f"checkpoint: {saved}). HINT: lower optim.lr or raise optim.warmup_steps, set "
             "optim.grad_clip, check that batch with scripts/validate_data.py; "
             "train.nonfinite: skip steps over rare bad batches"

@@ -2,18 +2,24 @@
 
 Timing model: the trainer alternates between waiting for the next batch (reader cost: the time
 blocked in the loader, including the host-to-device copy) and computing. Over a logging window,
-data-wait share = sum(reader cost) / wall time. Device work is asynchronous, so single steps are
-not timed; the window ends at a synchronizing point (the loss read-out), which makes the window
-sums honest. Only rank 0 logs and writes files. Over the same windows rank 0 samples the CPU use
-that tells why the loader held the trainer (train/stall.py: the run summary's sentence).
+data-wait share = sum(reader cost) / wall time. A wait inside the loader's ``next`` for the
+device to catch up (``waiting_for_device``: the batch ring reusing a pinned buffer whose copy the
+device has not run yet) is the device holding the host back, not the loader: it is left out of
+the reader cost and reported as the device-wait share. Device work is asynchronous, so single
+steps are not timed; the window ends at a synchronizing point (the loss read-out), which makes
+the window sums honest. Only rank 0 logs and writes files. Over the same windows rank 0 samples
+the CPU use that tells why the loader held the trainer (train/stall.py: the run summary's
+sentence).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +28,44 @@ from train import stall
 log = logging.getLogger("train")
 
 STALL_WINDOWS = 3  # consecutive high-wait windows before the warning
+
+
+class _DeviceWaits(threading.local):
+    """This thread's seconds blocked in ``waiting_for_device`` so far: wall and own CPU time."""
+
+    wall_s = 0.0
+    cpu_s = 0.0
+
+
+_DEVICE_WAITS = _DeviceWaits()
+
+
+@contextlib.contextmanager
+def waiting_for_device():
+    """Around a host wait for the training device inside a loader's ``next``: Telemetry.timed
+    counts it as device wait, not as data wait. Per thread, like the fetch it is part of."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    try:
+        yield
+    finally:
+        _DEVICE_WAITS.wall_s += time.perf_counter() - start
+        _DEVICE_WAITS.cpu_s += time.thread_time() - cpu
+
+
+class _FetchTimer:
+    """One batch fetch, from its start: its data wait (wall and this thread's CPU) is the time
+    it took less the device wait inside it."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+        self.device_wall, self.device_cpu = _DEVICE_WAITS.wall_s, _DEVICE_WAITS.cpu_s
+
+    def add_to(self, window: dict) -> None:
+        device_wall = _DEVICE_WAITS.wall_s - self.device_wall
+        device_cpu = _DEVICE_WAITS.cpu_s - self.device_cpu
+        window["device_wait_s"] += device_wall
+        window["wait_s"] += time.perf_counter() - self.wall - device_wall
+        window["wait_cpu_s"] += time.thread_time() - self.cpu - device_cpu
 
 
 class GpuMonitor:
@@ -146,7 +190,14 @@ class Telemetry:
         self._bar = None
         self.total_steps: int | None = None  # start_progress sets it
         self._stall_windows = 0
-        self.totals = {"wait_s": 0.0, "wall_s": 0.0, "samples": 0, "steps": 0, "wait_cpu_s": 0.0}
+        self.totals = {
+            "wait_s": 0.0,
+            "device_wait_s": 0.0,
+            "wall_s": 0.0,
+            "samples": 0,
+            "steps": 0,
+            "wait_cpu_s": 0.0,
+        }
         self.num_workers, self.local_ranks = num_workers, local_ranks
         # CPU use from the first window's start to the last window's end: the totals' span.
         self._measure_cpu = is_main and num_workers is not None
@@ -157,6 +208,7 @@ class Telemetry:
     def _reset_window(self) -> None:
         self._window = {
             "wait_s": 0.0,
+            "device_wait_s": 0.0,
             "wait_cpu_s": 0.0,
             "steps": 0,
             "start": time.perf_counter(),
@@ -173,16 +225,16 @@ class Telemetry:
 
     def timed(self, batches):
         """Yield from ``batches``, adding the time blocked in each ``next`` to the window, and
-        this thread's CPU time in it (busy receiving a batch, or idle waiting for one)."""
+        this thread's CPU time in it (busy receiving a batch, or idle waiting for one); the
+        part of it spent ``waiting_for_device`` goes to the window's device wait instead."""
         iterator = iter(batches)
         while True:
-            start, cpu = time.perf_counter(), time.thread_time()
+            fetch = _FetchTimer()
             try:
                 batch = next(iterator)
             except StopIteration:
                 return
-            self._window["wait_s"] += time.perf_counter() - start
-            self._window["wait_cpu_s"] += time.thread_time() - cpu
+            fetch.add_to(self._window)
             yield batch
 
     def step_done(self, step: int) -> None:
@@ -205,11 +257,13 @@ class Telemetry:
             "reader_cost_s": self._window["wait_s"] / steps,
             "batch_cost_s": wall / steps,
             "data_wait_fraction": min(1.0, self._window["wait_s"] / wall),
+            "device_wait_fraction": min(1.0, self._window["device_wait_s"] / wall),
             "bad_samples": bad,
             **self._gpu.sample(),
         }
         for key, value in (
             ("wait_s", self._window["wait_s"]),
+            ("device_wait_s", self._window["device_wait_s"]),
             ("wait_cpu_s", self._window["wait_cpu_s"]),
             ("wall_s", wall),
             ("samples", steps * self.global_batch),

@@ -39,6 +39,7 @@ from train.backends.paddle.compat import (
     with_deadline,
     zlib_preloaded_in_new_processes,
 )
+from train.telemetry import waiting_for_device
 
 
 class PaddleDataset(TicketPassingDataset, paddle.io.Dataset):
@@ -240,7 +241,10 @@ class PinnedCopies:
     def stage(self, views: dict[str, np.ndarray]) -> tuple[int, dict[str, paddle.Tensor]]:
         index, self._next = self._next, (self._next + 1) % self.SETS
         if self._copied[index] is not None:
-            self._copied[index].synchronize()  # its last batch is on the device
+            # The device's back-pressure (its copy queued behind earlier steps' kernels), not
+            # the loader's: telemetry counts it as device wait.
+            with waiting_for_device():
+                self._copied[index].synchronize()  # its last batch is on the device
             self._copied[index] = None
         buffers, staged = self._sets[index], {}
         for key, view in views.items():

@@ -1,5 +1,6 @@
 """The Paddle backend's Trainer (train/backends/base.py): the model (to_static, DataParallel),
-the optimizer and schedule, AMP, and the step that undoes a NaN/Inf update on the device."""
+the optimizer and schedule, AMP, and the step that flags a NaN/Inf update and, under
+train.nonfinite: skip, undoes it on the device."""
 
 from __future__ import annotations
 
@@ -110,9 +111,15 @@ class PaddleTrainer(common.TrainerBase):
     def train_step(self, batch: dict[str, Any]) -> paddle.Tensor:
         self.set_training(True)
         self._reseed()
+        # Under skip a NaN/Inf step is undone: its update and the BatchNorm statistics its
+        # forward pass changed, from copies taken before (two ops a tensor, every step). Under
+        # abort the run ends at the loop's next read of the flags, which comes before any
+        # evaluation or checkpoint (train/nonfinite.py), so the bad update is never used and
+        # nothing is copied.
+        undo = self.runtime.train.nonfinite == "skip"
         # The forward pass updates BatchNorm's running statistics (parameters that take no
-        # gradient) before the loss is known: kept, so that a NaN/Inf step can put them back.
-        stats = [p for p in self.net.parameters() if p.stop_gradient]
+        # gradient) before the loss is known.
+        stats = [p for p in self.net.parameters() if p.stop_gradient] if undo else []
         saved = [p.detach().clone() for p in stats]
         with self._autocast():
             logits = self.model(batch["image"])
@@ -130,29 +137,37 @@ class PaddleTrainer(common.TrainerBase):
                 # (Optimizer._apply_optimize), clipping the decayed and the undecayed
                 # parameters each to the full norm. Nothing is read on the host.
                 paddle.nn.utils.clip_grad_norm_(self._trainable, self.grad_clip)
-            # Skipped on the device: a copy of the weights and of the optimizer's state taken
-            # before the step is put back where skip is set. Paddle 2.6's own skip (found_inf
-            # for Adam, SkipUpdate) is a host branch in dygraph, a read per step.
-            state = [*self._trainable, *_accumulators(self.optimizer, self.runtime.gpu_id)]
+            # Undone on the device: Paddle 2.6's own skip (found_inf for Adam, SkipUpdate) is a
+            # host branch in dygraph, a read per step. Under fp16 the scaler's own skip covers
+            # overflowed gradients only, not a NaN/Inf loss over finite ones: still undone here.
+            state = self._stepped_state() if undo else []
             before = [t.clone() for t in state]
-            if self.scaler is None:
-                self.optimizer.step()
-            else:
-                # fp16: step() skips an overflowed step and update() adapts the scale, both on
-                # the host (Paddle 2.6's dynamic loss scaling reads found_inf each step). Not
-                # minimize(): Optimizer.minimize walks the parameter list, which holds our
-                # parameter groups (dicts), and fails with "must be list of Tensor, but got
-                # dict".
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            with paddle.no_grad():
-                _restore_where(skip, state, before)
-                _restore_where(nonfinite, stats, saved)
+            self._optimizer_step()
+            if undo:
+                with paddle.no_grad():
+                    _restore_where(skip, state, before)
+                    _restore_where(nonfinite, stats, saved)
         self.optimizer.clear_grad(set_to_zero=False)  # frees the gradients, like set_to_none
         self.scheduler.step()
         self.step += 1
         self.steps.record(loss, nonfinite)
         return loss
+
+    def _stepped_state(self) -> list[paddle.Tensor]:
+        """What an optimizer step changes on the device: the trainable parameters and the
+        optimizer's accumulators."""
+        return [*self._trainable, *_accumulators(self.optimizer, self.runtime.gpu_id)]
+
+    def _optimizer_step(self) -> None:
+        if self.scaler is None:
+            self.optimizer.step()
+            return
+        # fp16: step() skips an overflowed step and update() adapts the scale, both on the host
+        # (Paddle 2.6's dynamic loss scaling reads found_inf each step). Not minimize():
+        # Optimizer.minimize walks the parameter list, which holds our parameter groups
+        # (dicts), and fails with "must be list of Tensor, but got dict".
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
     def _finite_on_all_ranks(self, loss: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """Whether the loss and the gradients are finite on every rank, as two float32 [1]
