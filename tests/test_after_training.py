@@ -185,6 +185,7 @@ def test_pdparams_export_loads_with_paddle_load(tmp_path, ocr_lmdb, paddle_ocr_r
 
 
 @pytest.mark.torch
+@pytest.mark.compat  # train, evaluate, export and predict, OCR and ResNet: make test-compat's pair
 @pytest.mark.parametrize("task", ["ocr", "resnet50"])
 def test_onnx_export_gives_the_checkpoints_argmax(
     task, tmp_path, ocr_lmdb, image_h5, held_out, cli

@@ -113,15 +113,22 @@ def test_pdparams_loads_and_objects_in_it_are_refused(image_h5, tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
-def test_protocol_2_pdparams_read_and_other_codecs_refused(tmp_path):
+@pytest.mark.parametrize("core", ["numpy.core", "numpy._core"])
+def test_protocol_2_pdparams_read_and_other_codecs_refused(core, tmp_path):
     """Older PaddleOCR releases saved .pdparams with pickle protocol 2, which rebuilds each
-    array's raw bytes through _codecs.encode(text, "latin1"): accepted for that codec only."""
+    array's raw bytes through _codecs.encode(text, "latin1"): accepted for that codec only.
+    Arrays pickled by numpy 1.x name numpy.core.multiarray, by numpy 2 numpy._core.multiarray:
+    the file is rewritten to name ``core``, so either numpy reads what the other wrote."""
     from collections import OrderedDict
 
     from train.weights import read_pdparams
 
     arrays = OrderedDict(w=np.arange(6, dtype=np.float32).reshape(2, 3), b=np.ones(3, np.int64))
-    (tmp_path / "old.pdparams").write_bytes(pickle.dumps(arrays, protocol=2))
+    pickled = pickle.dumps(arrays, protocol=2)  # GLOBAL opcodes: "module\nname\n", no lengths
+    for written in (b"numpy.core.multiarray\n", b"numpy._core.multiarray\n"):
+        pickled = pickled.replace(written, f"{core}.multiarray\n".encode())
+    assert f"{core}.multiarray\n_reconstruct".encode() in pickled
+    (tmp_path / "old.pdparams").write_bytes(pickled)
     state = read_pdparams(tmp_path / "old.pdparams")
     assert state.keys() == arrays.keys()
     for name, value in arrays.items():

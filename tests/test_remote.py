@@ -24,6 +24,7 @@ import pytest
 
 from bench.s3_server import S3TestServer
 from datasets.remote import RemoteStorageError, is_remote, release, stage
+from tests import dev_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = {"retries": 2, "backoff_s": 0.01, "timeout_s": 5.0}
@@ -32,6 +33,8 @@ FAST = {"retries": 2, "backoff_s": 0.01, "timeout_s": 5.0}
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3TestServer]:
     """One moto server per session, with IAM signature checks on."""
+    dev_tools.require("moto")  # the server (bench/s3_server.py)
+    dev_tools.require("s3fs", "requirements/remote.txt")  # what datasets.remote stages with
     server = S3TestServer().start()
     try:
         server.enable_auth()

@@ -169,10 +169,14 @@ def unwrap_state_dict(state: Any, path: Path) -> dict[str, Any]:
 
 
 # What a .pdparams (paddle.save of a state dict: a pickle of name -> numpy array) may refer to.
-# Anything else in the pickle could run code when unpickled, so it is refused.
+# Anything else in the pickle could run code when unpickled, so it is refused. numpy 1.x pickles
+# arrays through numpy.core.multiarray, numpy 2 through numpy._core.multiarray; numpy 1.26 and 2
+# both read either name, so both are accepted whichever numpy wrote the file.
 _PDPARAMS_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "scalar"),
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
     ("collections", "OrderedDict"),
