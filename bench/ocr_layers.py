@@ -46,6 +46,11 @@ def _layers(lines: int, batch_size: int) -> list[tuple[str, Callable[[], None], 
     positions = positions[: len(positions) // batch_size * batch_size]
     indices = [dataset._source_index(p) for p in positions]
     records = [dataset.source.read(i) for i in indices]
+    # The layers time the decoders on these records, the first without the checks around them:
+    # each record passes the pixel budget (from its header) here once, so no layer decodes an
+    # image training would refuse.
+    for data, _ in records:
+        decode.check_encoded(data, decode.MAX_IMAGE_PIXELS)
     _, height, width = SHAPE
     batch = {
         "image": np.empty((batch_size, height, width, 3), np.uint8),

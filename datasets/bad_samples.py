@@ -17,7 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from datasets.errors import BAD_SAMPLE_KINDS, BadSampleError, DatasetError, TooManyBadSamplesError
+from datasets.errors import (
+    BAD_SAMPLE_KINDS,
+    BadSampleError,
+    DatasetError,
+    TooManyBadSamplesError,
+    read_utf8,
+)
+from datasets.safe_files import open_append, refuse_link
 from datasets.shared_block import SharedBlock
 
 log = logging.getLogger("datasets.bad_samples")
@@ -47,6 +54,8 @@ class BadSampleLog:
         self.num_samples = num_samples
         self.max_bad_fraction = max_bad_fraction
         self.bad_keys_file = str(bad_keys_file) if bad_keys_file else None
+        if self.bad_keys_file:  # here, in the main process, rather than in a worker's first write
+            refuse_link(self.bad_keys_file)
         state_dir = Path(state_dir) if state_dir else Path(tempfile.gettempdir())
         state_dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / f"{STATE_FILE_PREFIX}{os.getpid()}-{id(self):x}.state"
@@ -146,7 +155,7 @@ class BadSampleLog:
 
 def _append_line(path: str, line: str) -> None:
     """One write with O_APPEND: lines from several workers never interleave."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_append(path)  # a link at the bad-keys file's name is refused, not followed
     try:
         os.write(fd, (line.replace("\n", " ") + "\n").encode("utf-8"))
     finally:
@@ -176,7 +185,8 @@ def read_bad_keys(path: str | Path) -> list[str]:
             "bad_samples.tsv of an earlier run, or remove the setting",
         )
     keys = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    fix = "point data.skip_keys_file at a bad_samples.tsv this project wrote (UTF-8)"
+    for line in read_utf8(path, "skip-keys file", fix).splitlines():
         if line and not line.startswith("#"):
             keys.append(line.split("\t", 1)[0])
     return list(dict.fromkeys(keys))

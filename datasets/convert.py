@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from datasets.errors import DatasetError
+from datasets.errors import DatasetError, read_utf8
 from datasets.hdf5_images import Hdf5ImageSource, Hdf5ImageWriter, open_hdf5_readonly
 from datasets.image_folder import ImageFolderSource
 from datasets.lmdb_ocr import LmdbOcrWriter
@@ -24,7 +24,8 @@ def read_paddleocr_labels(label_file: Path) -> list[tuple[str, str, int]]:
     if not label_file.is_file():
         raise DatasetError(f"label file not found: {label_file}", "pass --labels PATH")
     rows = []
-    for number, line in enumerate(label_file.read_text(encoding="utf-8").splitlines(), 1):
+    text = read_utf8(label_file, "label file", "save it as UTF-8, as PaddleOCR reads it")
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if "\t" not in line:
@@ -43,11 +44,27 @@ def read_paddleocr_labels(label_file: Path) -> list[tuple[str, str, int]]:
 
 def _stays_inside(rel_path: str) -> bool:
     """Whether a label file's path names something below --data-dir, as written: not absolute,
-    no '..' that climbs out. Symlinks inside the folder are followed as the user made them, but a
-    label file (often from elsewhere) cannot make the converter copy /etc/hostname or
-    ../secret.txt into a dataset."""
+    no '..' that climbs out. A label file (often from elsewhere) cannot make the converter copy
+    /etc/hostname or ../secret.txt into a dataset; _resolved_inside checks where links lead."""
     normal = os.path.normpath(rel_path)
     return not os.path.isabs(normal) and normal != ".." and not normal.startswith("../")
+
+
+def _resolved_inside(image_path: Path, real_data_dir: str) -> str | None:
+    """``image_path`` with every link resolved when that stays below ``real_data_dir`` (the
+    resolved --data-dir), else None: a link inside the folder may point to another place in
+    it, never out of it (a link to /etc/shadow or ~/.ssh would copy that file into the
+    dataset, whose path text passed _stays_inside)."""
+    real = os.path.realpath(image_path)
+    return real if os.path.commonpath([real, real_data_dir]) == real_data_dir else None
+
+
+def _read_resolved(real: str) -> bytes:
+    """The bytes of the file at ``real`` (a path with its links resolved): opened without
+    following a link there, so a link put in its place after the check is not read through."""
+    fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def paddleocr_labels_to_lmdb(
@@ -66,15 +83,22 @@ def paddleocr_labels_to_lmdb(
     label_file, data_dir = Path(label_file), Path(data_dir)
     rows = read_paddleocr_labels(label_file)
     problems: list[str] = []
+    real_data_dir = os.path.realpath(data_dir)
 
     def samples() -> Iterator[tuple[bytes, str]]:
         for rel_path, label, number in rows:
             image_path = data_dir / rel_path
-            problem = None
+            problem = real = None
             if not _stays_inside(rel_path):
                 problem = (
                     f"{label_file}:{number}: {rel_path!r} leads outside --data-dir {data_dir} "
                     "(an absolute path or '..'); paths in a label file are relative to it"
+                )
+            elif (real := _resolved_inside(image_path, real_data_dir)) is None:
+                problem = (
+                    f"{label_file}:{number}: {rel_path!r} is a link that leads outside "
+                    f"--data-dir {data_dir} (to {os.path.realpath(image_path)}); only files "
+                    "below --data-dir are copied"
                 )
             elif not image_path.is_file():
                 problem = f"{label_file}:{number}: image not found: {image_path}"
@@ -86,7 +110,7 @@ def paddleocr_labels_to_lmdb(
                 problems.append(problem)
                 log.warning("skipped %s", problem)
             else:
-                yield image_path.read_bytes(), label
+                yield _read_resolved(real), label
             if progress:
                 progress()
 

@@ -23,6 +23,7 @@ from PIL import BmpImagePlugin, GifImagePlugin, Image, TiffImagePlugin
 
 from datasets import png_inflate
 from datasets.errors import BadSampleError
+from datasets.limits import MAX_IMAGE_PIXELS  # noqa: F401  (re-exported: every decode's default)
 
 # One decode thread per process: a DataLoader already runs one process per core, and OpenCV's
 # own thread pool inside each worker only oversubscribes the CPU.
@@ -47,12 +48,6 @@ def sniff_format(data: bytes) -> str | None:
     if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
     return None
-
-
-# data.max_image_pixels' default: 40 Mpixels (120 MB as RGB, per worker) fits ImageNet's largest
-# photos and text lines thousands of pixels long; a 20000 x 20000 scan or a PNG decompression
-# bomb (a few KB that inflate to gigabytes) is refused from its header, before any pixel.
-MAX_IMAGE_PIXELS = 40_000_000
 
 
 def header_size(data: bytes, fmt: str) -> tuple[int, int] | None:
@@ -207,9 +202,10 @@ def decode_bgr(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.nda
     return image
 
 
-def open_pil(data: bytes) -> Image.Image:
-    """Open (header only) with PIL after the container checks; pixels are decoded later."""
-    check_encoded(data)
+def open_pil(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> Image.Image:
+    """Open (header only) with PIL after the container checks and the pixel budget (from the
+    header); pixels are decoded later, by load_pil_rgb."""
+    check_encoded(data, max_pixels)
     try:
         image = Image.open(io.BytesIO(data))
         image.size  # noqa: B018  (touch the header so errors surface here)
@@ -262,7 +258,7 @@ def decode_rgb(
     they are never chosen. Grey and CMYK JPEGs come out as RGB too. Other formats go through PIL.
     """
     if check_encoded(data, max_pixels) != "jpeg":
-        return np.asarray(load_pil_rgb(open_pil(data)))
+        return np.asarray(load_pil_rgb(open_pil(data, max_pixels=None)))  # checked just above
     return _decode_jpeg(data, "RGB", min_width, min_height)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class DatasetError(Exception):
     """A whole dataset cannot be used: wrong path, wrong format, wrong schema, damaged file."""
@@ -10,6 +12,29 @@ class DatasetError(Exception):
         self.problem = problem
         self.hint = hint
         super().__init__(f"{problem}. HINT: {hint}" if hint else problem)
+
+
+class CacheSpaceError(DatasetError):
+    """``data.cache: disk`` cannot get the room its file needs in the cache folder (a full
+    volume, a quota, the file-size limit). The trainer exits 4, as for any write that runs out
+    of room (train/errors.py)."""
+
+
+def read_utf8(path: str | Path, what: str, fix: str) -> str:
+    """The text of ``path``, a file of metadata (``what``: a character dictionary, a key list),
+    or a DatasetError naming the file and where its first byte that is not UTF-8 lies, with
+    ``fix``: such a file cannot be read, and reading it as another encoding would give other
+    characters than the file's writer meant."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DatasetError(
+            f"{what} {path} is not UTF-8 text: byte {data[exc.start]:#04x} on line {line} "
+            f"({exc.reason})",
+            fix,
+        ) from None
 
 
 class BadSampleError(Exception):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from datasets.process_id import current_pid
+from datasets.safe_files import open_append
 
 H = TypeVar("H")
 
@@ -32,7 +33,7 @@ def record_open(purpose: str, path: str) -> None:
     if not log_path:
         return
     line = f"{os.getpid()}\t{purpose}\t{path}\n".encode()
-    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_append(log_path)
     try:
         os.write(fd, line)
     finally:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -33,6 +34,7 @@ import numpy as np
 
 from datasets.errors import BadSampleError, DatasetError
 from datasets.handles import ProcessLocalHandle, record_open
+from datasets.safe_files import open_new, refuse_link, remove_stale
 
 FORMAT = "resnet50-hdf5"
 SCHEMA_VERSION = 2  # the version written; READ_VERSIONS are read
@@ -42,6 +44,15 @@ CHUNK_ROWS = 4096  # of those three datasets (they grow while writing, so they a
 COPY_BLOCK_BYTES = 64 << 20  # finish() moves the spooled image bytes into the file in blocks
 log = logging.getLogger(__name__)
 WRITER_HINT = "write one with scripts/make_synthetic.py imagenet or scripts/convert.py image-folder"
+# What a file's datasets may claim beyond the bytes it stores (_check_stored). Reading one element
+# of a compressed dataset inflates its whole chunk, so a compressed chunk over this many bytes is
+# refused rather than inflated on every record read (h5py's own chunks stay under 1 MiB; ours,
+# CHUNK_ROWS int64s, are 32 kB).
+MAX_FILTERED_CHUNK_BYTES = 64 << 20
+# Deflate's limit, 1032:1: a compressed dataset claiming more bytes per stored byte is a forged
+# header (an index, or image bytes, of a few kB that would inflate to gigabytes); real indexes and
+# encoded images compress far less.
+MAX_INFLATE_RATIO = 1032
 
 
 def open_hdf5_readonly(path: str) -> h5py.File:
@@ -86,6 +97,80 @@ def _broken(path: Path, key: str, problem: str) -> DatasetError:
     )
 
 
+def _stored_bytes(path: Path, dset: h5py.Dataset) -> int:
+    """The bytes of ``dset`` (as read: shape x itemsize) that the file really stores.
+
+    HDF5 answers a read of space that was declared and never written with the fill value (zeros),
+    at the cost of the read's size in memory: an 8 kB file whose chunked ``image_bytes`` claims
+    512 MiB hands out 512 MiB of zeros per record. So only stored space counts: every chunk of a
+    chunked dataset allocated, a contiguous one's allocated storage within the file on disk, an
+    external one's segments within their files. Compact data lives in the object header itself.
+    Virtual datasets (data in other files) hold nothing here."""
+    plist = dset.id.get_create_plist()
+    layout = plist.get_layout()
+    declared = dset.size * dset.dtype.itemsize
+    if layout == h5py.h5d.COMPACT:
+        return declared
+    if layout == h5py.h5d.CHUNKED:
+        chunk_bytes = math.prod(dset.chunks) * dset.dtype.itemsize
+        needed = math.prod(-(-side // chunk) for side, chunk in zip(dset.shape, dset.chunks))
+        allocated = dset.id.get_num_chunks()
+        return declared if allocated >= needed else min(declared, allocated * chunk_bytes)
+    if layout != h5py.h5d.CONTIGUOUS or dset.is_virtual:
+        return 0
+    if plist.get_external_count():
+        held = 0
+        for i in range(plist.get_external_count()):
+            name, offset, size = plist.get_external(i)
+            external = Path(os.fsdecode(name))
+            if not external.is_absolute() and (path.parent / external).is_file():
+                external = path.parent / external  # HDF5 also looks beside the file
+            on_disk = external.stat().st_size if external.is_file() else 0
+            held += max(0, min(size, on_disk - offset))
+        return min(declared, held)
+    start = dset.id.get_offset()
+    if start is None:  # never written: no storage allocated
+        return 0
+    return min(declared, dset.id.get_storage_size(), max(0, path.stat().st_size - start))
+
+
+def _check_stored(path: Path, dset: h5py.Dataset, field: str) -> None:
+    """Raise DatasetError unless the file stores every byte ``dset`` declares (so reading it costs
+    no more memory than the file holds), and its compression is one real data can have.
+
+    Checked before any read of the dataset, from its header alone. Missing bytes make the file,
+    not a record, unusable: this project's writer writes every byte before it renames the file
+    into place, so declared and unwritten space means an unfinished or forged file, and its
+    records would read as zeros (garbage samples) at the cost of their claimed size."""
+    declared = dset.size * dset.dtype.itemsize
+    stored = _stored_bytes(path, dset)
+    if stored < declared:
+        raise _broken(
+            path,
+            field,
+            f"declares {declared} bytes (shape {dset.shape} of {dset.dtype}) but the file "
+            f"({path.stat().st_size} bytes) stores {stored} of them: the rest was never "
+            "written (HDF5 would read it as zeros, one claimed size of memory per read)",
+        )
+    if dset.chunks is None or not dset.id.get_create_plist().get_nfilters():
+        return
+    chunk_bytes = math.prod(dset.chunks) * dset.dtype.itemsize
+    if chunk_bytes > MAX_FILTERED_CHUNK_BYTES:
+        raise _broken(
+            path,
+            field,
+            f"compressed chunks of {chunk_bytes} bytes (over {MAX_FILTERED_CHUNK_BYTES}): "
+            "every read would inflate a whole chunk",
+        )
+    if declared > MAX_INFLATE_RATIO * dset.id.get_storage_size():
+        raise _broken(
+            path,
+            field,
+            f"{declared} bytes compressed into {dset.id.get_storage_size()}, more than "
+            f"{MAX_INFLATE_RATIO}:1 (deflate's limit): a forged header",
+        )
+
+
 def _checked_labels(path: Path, f: h5py.File, records: int, what: str) -> np.ndarray:
     labels = f["labels"]
     if not isinstance(labels, h5py.Dataset) or labels.ndim != 1 or labels.dtype.kind not in "iu":
@@ -94,19 +179,31 @@ def _checked_labels(path: Path, f: h5py.File, records: int, what: str) -> np.nda
         raise _broken(path, f"{what}/'labels'", f"{records} images but {len(labels)} labels")
     if "keys" in f and len(f["keys"]) != records:
         raise _broken(path, "'keys'", f"{len(f['keys'])} keys for {records} images")
+    _check_stored(path, labels, "'labels'")
     return np.asarray(labels[:], dtype=np.int64)
 
 
 def _checked_class_names(path: Path, f: h5py.File) -> list[str]:
     if "class_names" not in f.attrs:
         raise _broken(path, "attribute 'class_names'", "missing (a JSON list of the class names)")
+    return _json_names(path, f, "class_names")
+
+
+def _json_names(path: Path, f: h5py.File, attribute: str) -> list[str]:
+    """The names in ``attribute``: a non-empty JSON list of strings. A name of another type (a
+    number, a list) is no name a report or an export's classes file could show as written."""
+    where = f"attribute '{attribute}'"
     try:
-        class_names = json.loads(f.attrs["class_names"])
-    except (TypeError, ValueError) as exc:
-        raise _broken(path, "attribute 'class_names'", f"not JSON ({exc})") from exc
-    if not isinstance(class_names, list) or not class_names:
-        raise _broken(path, "attribute 'class_names'", "not a non-empty JSON list")
-    return [str(name) for name in class_names]
+        names = json.loads(f.attrs[attribute])
+    except (TypeError, ValueError) as exc:  # ValueError: also bytes that are not UTF-8
+        raise _broken(path, where, f"not JSON ({exc})") from exc
+    if not isinstance(names, list) or not names:
+        raise _broken(path, where, "not a non-empty JSON list")
+    odd = next((name for name in names if not isinstance(name, str)), None)
+    if odd is not None:
+        problem = f"holds {odd!r} ({type(odd).__name__}), not a name (a JSON string)"
+        raise _broken(path, where, problem)
+    return names
 
 
 def _checked_offsets(path: Path, f: h5py.File) -> tuple[np.ndarray, int | None]:
@@ -119,6 +216,11 @@ def _checked_offsets(path: Path, f: h5py.File) -> tuple[np.ndarray, int | None]:
         raise _broken(path, "'image_bytes'", f"dtype {image_bytes.dtype}, not uint8")
     if not isinstance(offsets, h5py.Dataset) or offsets.ndim != 1 or offsets.dtype.kind not in "iu":
         raise _broken(path, "'offsets'", f"not a 1-D integer dataset ({offsets})")
+    # Both before any read: the records' bytes must be in the file (so no record read costs more
+    # memory than the file holds; offsets[-1] == len(image_bytes) below bounds every record by
+    # it), and so must the index.
+    _check_stored(path, image_bytes, "'image_bytes'")
+    _check_stored(path, offsets, "'offsets'")
     bounds = np.asarray(offsets[:], dtype=np.int64)
     if len(bounds) == 0 or bounds[0] != 0 or bounds[-1] != len(image_bytes):
         raise _broken(
@@ -157,6 +259,7 @@ class Hdf5ImageSource:
                     raise _broken(
                         self.path, "'images'", f"dtype {images.dtype}, not variable-length uint8"
                     )
+                _check_stored(self.path, images, "'images'")
                 self.labels = _checked_labels(self.path, f, len(images), "'images'")
                 log.warning(
                     "%s is schema 1 (one variable-length row per image): it reads, but about 12%% "
@@ -177,11 +280,17 @@ class Hdf5ImageSource:
 
     def _checked_version(self, f: h5py.File) -> int:
         names = {1: "images", 2: "image_bytes"}
-        version = int(f.attrs.get("schema_version", 0))
-        if f.attrs.get("format") != FORMAT:
+        found = f.attrs.get("format")
+        if not isinstance(found, str) or found != FORMAT:  # an array compares element-wise
             raise DatasetError(
                 f"not a ResNet-50 HDF5 dataset: {self.path} lacks format={FORMAT!r}", WRITER_HINT
             )
+        version = f.attrs.get("schema_version", 0)
+        if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)):
+            shown = version.item() if isinstance(version, np.generic) else version
+            problem = f"{shown!r} ({type(version).__name__}) is not an integer"
+            raise _broken(self.path, "attribute 'schema_version'", problem)
+        version = int(version)
         if version not in READ_VERSIONS:
             raise DatasetError(
                 f"{self.path} has schema_version {version}, this code reads "
@@ -261,12 +370,13 @@ class Hdf5TagSource(Hdf5ImageSource):
             if tags.ndim != 2 or len(tags) != len(self.labels):
                 problem = f"shape {tags.shape}, expected [{len(self.labels)} records, tags]"
                 raise _broken(self.path, "'tags'", problem)
-            tag_names = json.loads(f.attrs["tag_names"])
-            if not isinstance(tag_names, list) or len(tag_names) != tags.shape[1]:
+            tag_names = _json_names(self.path, f, "tag_names")
+            if len(tag_names) != tags.shape[1]:
                 problem = f"not a JSON list of the {tags.shape[1]} columns of 'tags'"
                 raise _broken(self.path, "attribute 'tag_names'", problem)
+            _check_stored(self.path, tags, "'tags'")
             bits = np.asarray(tags[:], dtype=bool)
-        self.class_names = [str(name) for name in tag_names]
+        self.class_names = tag_names
         # One int per record (bit i: tag i), computed once: read() then costs no more than the
         # class file's.
         self.tag_masks = [sum(1 << int(i) for i in np.flatnonzero(row)) for row in bits]
@@ -274,6 +384,40 @@ class Hdf5TagSource(Hdf5ImageSource):
     def read(self, index: int) -> tuple[bytes, int]:
         data, _ = super().read(index)
         return data, self.tag_masks[index]
+
+
+def written_here(path: str | Path) -> bool:
+    """Whether ``path`` is a ResNet-50 HDF5 file this project's writer made: a file (not a
+    link) that opens as HDF5 and carries the ``format`` attribute the writer sets."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            return f.attrs.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def check_replaceable(out_file: str | Path, overwrite: bool) -> None:
+    """Raise unless a writer may put a file at ``out_file``: nothing there, an empty file
+    (nothing to lose), or, with ``overwrite``, a ResNet-50 HDF5 file this project wrote
+    (written_here). Anything else is refused whatever ``overwrite`` says: --overwrite replaces a
+    dataset of ours, never another file."""
+    out_file = Path(out_file)
+    refuse_link(out_file)
+    if not out_file.exists() or (out_file.is_file() and out_file.stat().st_size == 0):
+        return
+    if not written_here(out_file):
+        raise DatasetError(
+            f"{out_file} exists and is not a ResNet-50 HDF5 file this project wrote (no "
+            f"format={FORMAT!r} attribute), so it is never replaced",
+            "pick a new --out",
+        )
+    if not overwrite:
+        raise DatasetError(
+            f"{out_file} already exists", "pass --overwrite to replace it, or pick --out"
+        )
 
 
 class Hdf5ImageWriter:
@@ -295,15 +439,16 @@ class Hdf5ImageWriter:
     ):
         """``tag_names``: the file also holds each record's tags (``add``'s ``tags``)."""
         self.out_file = Path(out_file)
-        if self.out_file.exists() and not overwrite:
-            raise DatasetError(
-                f"{self.out_file} already exists", "pass --overwrite to replace it, or pick --out"
-            )
+        self.overwrite = overwrite
+        check_replaceable(self.out_file, overwrite)
         self.tmp_file = self.out_file.with_name(self.out_file.name + ".partial")
         self.spool_file = self.out_file.with_name(self.out_file.name + ".partial-bytes")
         self.tmp_file.parent.mkdir(parents=True, exist_ok=True)
-        self._spool = open(self.spool_file, "wb")  # noqa: SIM115  ("wb" truncates a leftover)
-        self._file = h5py.File(self.tmp_file, "w")  # "w" truncates a leftover .partial
+        # Leftovers of an interrupted write are removed; a link at either name is refused.
+        remove_stale(self.tmp_file)
+        refuse_link(self.spool_file)
+        self._file = h5py.File(self.tmp_file, "x")  # O_EXCL: fails on a name planted meanwhile
+        self._spool = os.fdopen(open_new(self.spool_file), "wb")
         self._file.attrs["format"] = FORMAT
         self._file.attrs["schema_version"] = SCHEMA_VERSION
         self._file.attrs["class_names"] = json.dumps(list(class_names))
@@ -380,6 +525,7 @@ class Hdf5ImageWriter:
                     "another process wrote to the same output: write each file from one process",
                 )
             self._file.close()
+            check_replaceable(self.out_file, self.overwrite)  # again: the step that replaces it
             os.replace(self.tmp_file, self.out_file)
         except BaseException:
             self.abort()

@@ -7,6 +7,8 @@ list element in a forked worker writes its refcount and copies the page (pytorch
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 from pathlib import Path
 
@@ -15,28 +17,58 @@ import numpy as np
 from datasets.errors import BadSampleError, DatasetError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+log = logging.getLogger(__name__)
+
+
+def _inside(path: str, real_root: str) -> bool:
+    """Whether ``path``, every link in it resolved, is at or below ``real_root``."""
+    return os.path.commonpath([os.path.realpath(path), real_root]) == real_root
 
 
 class ImageFolderSource:
+    """The images below ``root``. Links are followed only where they lead to a place below
+    ``root``: one that leads out (to /etc, a home directory) is left out of the listing with a
+    warning, and refused when read, so a folder from elsewhere cannot make a conversion copy
+    files from outside it."""
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise DatasetError(
                 f"image folder not found: {self.root}", "expected root/<class name>/<image files>"
             )
+        self._real_root = os.path.realpath(self.root)
         self.class_names = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
         if not self.class_names:
             raise DatasetError(
                 f"no class sub-folders in {self.root}", "expected root/<class name>/<image files>"
             )
-        paths, labels = [], []
+        paths, labels, outside = [], [], []
         for label, name in enumerate(self.class_names):
+            if not _inside(str(self.root / name), self._real_root):
+                outside.append(name + "/")
+                continue
+            # os.walk follows no link to a folder below the class folder, so only the class
+            # folder (above) and each file can be a link.
             for dirpath, _, files in sorted(os.walk(self.root / name)):
                 for file in sorted(files):
                     if file.lower().endswith(IMAGE_EXTENSIONS):
-                        rel = os.path.relpath(os.path.join(dirpath, file), self.root)
+                        full = os.path.join(dirpath, file)
+                        rel = os.path.relpath(full, self.root)
+                        if os.path.islink(full) and not _inside(full, self._real_root):
+                            outside.append(rel)
+                            continue
                         paths.append(os.fsencode(rel))
                         labels.append(label)
+        if outside:
+            log.warning(
+                "%s: left out %d link(s) that lead outside it: %s",
+                self.root,
+                len(outside),
+                ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else ""),
+            )
         if not paths:
             raise DatasetError(
                 f"no image files under {self.root}", f"extensions: {IMAGE_EXTENSIONS}"
@@ -60,11 +92,28 @@ class ImageFolderSource:
     def read(self, index: int) -> tuple[bytes, int]:
         path = self.root / self.key(index)
         try:
-            return path.read_bytes(), int(self.labels[index])
+            return self._read_inside(str(path)), int(self.labels[index])
         except FileNotFoundError as exc:
             raise BadSampleError("missing_key", f"file vanished: {path}") from exc
         except OSError as exc:
             raise BadSampleError("read_error", f"cannot read {path}: {exc}") from exc
+
+    def _read_inside(self, path: str) -> bytes:
+        """The file's bytes; a link is read through only to a file below the root (the check
+        happens at the read, so a file replaced by a link after the listing is caught too)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            real = os.path.realpath(path)
+            if os.path.commonpath([real, self._real_root]) != self._real_root:
+                raise BadSampleError(
+                    "read_error", f"{path} is a link that leads outside {self.root} (to {real})"
+                ) from None
+            fd = os.open(real, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
 
     def close(self) -> None:
         pass

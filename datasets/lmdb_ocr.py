@@ -22,9 +22,16 @@ import numpy as np
 from datasets import SCHEMA_VERSION
 from datasets.errors import BadSampleError, DatasetError
 from datasets.handles import ProcessLocalHandle, record_open
+from datasets.safe_files import refuse_link, remove_stale
 
 WRITER_HINT = "write one with scripts/make_synthetic.py ocr or scripts/convert.py paddleocr-labels"
 _META_PAGES = 2
+# A label is one text line: anything longer is a bad sample (label_too_long) before it is decoded
+# or encoded, whatever max_text_length says (a text line of 64 kB is no text line).
+MAX_LABEL_BYTES = 1 << 16
+# num-samples is a count of records: more digits than an int64 holds is no count (and Python
+# refuses to parse an int of over 4300 digits at all).
+_MAX_COUNT_DIGITS = 18
 
 
 def find_lmdbs(root: str | Path) -> list[Path]:
@@ -88,7 +95,8 @@ def read_header(path: Path) -> int:
         with env.begin(buffers=False) as txn:
             version = txn.get(b"schema-version")
             count = txn.get(b"num-samples")
-            claimed = int(count) if count is not None and count.strip().isdigit() else 0
+            digits = count.strip() if count is not None else b""
+            claimed = int(digits) if digits.isdigit() and len(digits) <= _MAX_COUNT_DIGITS else 0
             # The last record num-samples promises: a write or copy cut short loses both of its
             # keys (one key missing is one bad sample, missing_key).
             last = [f"{kind}-{claimed:09d}" for kind in ("image", "label")] if claimed else []
@@ -96,7 +104,7 @@ def read_header(path: Path) -> int:
     finally:
         env.close()
     if version is not None:
-        if not version.strip().isdigit():
+        if not version.strip().isdigit() or len(version.strip()) > _MAX_COUNT_DIGITS:
             raise DatasetError(
                 f"malformed OCR LMDB {path}: schema-version is {version[:20]!r}, not a number",
                 f"the file was written by another tool or damaged: convert it again; {WRITER_HINT}",
@@ -114,8 +122,15 @@ def read_header(path: Path) -> int:
         )
     try:
         samples = int(count)
-    except ValueError as exc:
-        raise DatasetError(f"{path}: num-samples is {count[:20]!r}, not an integer", "") from exc
+        if len(count.strip().lstrip(b"+-")) > _MAX_COUNT_DIGITS:
+            raise ValueError("too many digits")
+    except ValueError:
+        raise DatasetError(
+            f"malformed OCR LMDB {path}: key 'num-samples' is {count[:20]!r}"
+            + (f" ({len(count)} bytes)" if len(count) > 20 else "")
+            + ", not a record count",
+            f"the file was written by another tool or damaged: convert it again; {WRITER_HINT}",
+        ) from None
     # num-samples larger than the records (a copy cut short, a writer that died before its
     # last commit) would give a missing_key bad sample for every record past the end.
     if samples < 0 or entries < samples or (missing and len(missing) == len(last)):
@@ -185,6 +200,12 @@ class LmdbOcrSource:
         if image is None or label is None:
             missing = "image" if image is None else "label"
             raise BadSampleError("missing_key", f"{missing}-{record:09d} not in the LMDB")
+        if len(label) > MAX_LABEL_BYTES:
+            raise BadSampleError(
+                "label_too_long",
+                f"label-{record:09d} holds {len(label)} bytes, over {MAX_LABEL_BYTES} (one text "
+                "line); not decoded",
+            )
         try:
             return image, label.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -195,23 +216,77 @@ class LmdbOcrSource:
             handle.close()
 
 
+# What an LMDB folder of ours holds: LMDB's own files, nothing else.
+LMDB_FILES = frozenset({"data.mdb", "lock.mdb"})
+
+
+def _holds_only_lmdb_files(path: Path) -> bool:
+    return set(os.listdir(path)) <= LMDB_FILES
+
+
+def written_here(path: str | Path) -> bool:
+    """Whether ``path`` is an OCR LMDB this project's writer made: a folder (not a link) holding
+    only LMDB's files, whose data has the ``schema-version`` key the writer adds."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir() or not (path / "data.mdb").is_file():
+        return False
+    if not _holds_only_lmdb_files(path):
+        return False
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, create=False)
+    except lmdb.Error:
+        return False
+    try:
+        with env.begin(buffers=False) as txn:
+            return txn.get(b"schema-version") is not None
+    finally:
+        env.close()
+
+
+def check_replaceable(out_dir: str | Path, overwrite: bool) -> None:
+    """Raise unless a writer may put an LMDB at ``out_dir``: nothing there, an empty folder
+    (nothing to lose), or, with ``overwrite``, an OCR LMDB this project wrote (written_here).
+    Anything else is refused whatever ``overwrite`` says: --overwrite replaces a dataset of
+    ours, never another folder."""
+    out_dir = Path(out_dir)
+    refuse_link(out_dir)
+    if not out_dir.exists() or (out_dir.is_dir() and not os.listdir(out_dir)):
+        return
+    if not written_here(out_dir):
+        raise DatasetError(
+            f"{out_dir} exists and is not an OCR LMDB this project wrote (a folder holding only "
+            "data.mdb and lock.mdb, with the schema-version key), so it is never replaced",
+            "pick an empty or new --out",
+        )
+    if not overwrite:
+        raise DatasetError(
+            f"{out_dir} already exists", "pass --overwrite to replace it, or pick --out"
+        )
+
+
 class LmdbOcrWriter:
     """Writes an OCR LMDB atomically: into ``<out>.partial`` then renamed to ``<out>``.
 
     A crash leaves only the ``.partial`` folder, which the next run removes and restarts
-    (writers are cleanly restartable; the final name never holds half a dataset).
+    (writers are cleanly restartable; the final name never holds half a dataset). What it
+    replaces or removes is checked to be its own first (check_replaceable; a ``.partial``
+    holding only LMDB's files).
     """
 
     def __init__(self, out_dir: str | Path, overwrite: bool = False, commit_every: int = 1000):
         self.out_dir = Path(out_dir)
-        if self.out_dir.exists() and not overwrite:
-            raise DatasetError(
-                f"{self.out_dir} already exists", "pass --overwrite to replace it, or pick --out"
-            )
+        self.overwrite = overwrite
+        check_replaceable(self.out_dir, overwrite)
         self.tmp_dir = self.out_dir.with_name(self.out_dir.name + ".partial")
-        if self.tmp_dir.exists():
-            shutil.rmtree(self.tmp_dir)  # leftover of an interrupted run: restart cleanly
+        if refuse_link(self.tmp_dir).is_dir() and not _holds_only_lmdb_files(self.tmp_dir):
+            raise DatasetError(
+                f"{self.tmp_dir} holds files an interrupted write did not leave (only data.mdb "
+                "and lock.mdb would be): not removed",
+                "move them away, or pick another --out",
+            )
+        remove_stale(self.tmp_dir, folder=True)  # an interrupted run's: restart cleanly
         self.tmp_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir()  # new: nothing planted in it
         self._map_size = 64 << 20
         self._env = lmdb.open(str(self.tmp_dir), map_size=self._map_size, subdir=True)
         self._pending: list[tuple[bytes, bytes]] = []
@@ -245,6 +320,7 @@ class LmdbOcrWriter:
         )
         self._env.sync()
         self._env.close()
+        check_replaceable(self.out_dir, self.overwrite)  # again: the step that removes it
         if self.out_dir.exists():
             shutil.rmtree(self.out_dir)
         os.replace(self.tmp_dir, self.out_dir)

@@ -17,7 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from datasets.errors import BadSampleError, DatasetError
+from datasets.errors import BadSampleError, DatasetError, read_utf8
 
 # uint8 value that becomes ~0.0 after the device-side (x / 255 - 0.5) / 0.5 normalization, so
 # the padded region matches PaddleOCR's zero padding of the normalized image.
@@ -50,7 +50,8 @@ class CharDict:
                 "set data.char_dict to a file with one character per line "
                 "(scripts/make_synthetic.py ocr writes charset.txt next to the LMDBs)",
             )
-        text = path.read_bytes().decode("utf-8")
+        fix = "save it as UTF-8 (PaddleOCR's dictionaries are), e.g. iconv -f GBK -t UTF-8"
+        text = read_utf8(path, "character dictionary", fix)
         chars = [line.rstrip("\r") for line in text.split("\n")]
         chars = [c for c in chars if c != ""]
         bad = [c for c in chars if len(c) != 1]
@@ -80,6 +81,12 @@ class CharDict:
     def _padded_classes(self, label: str, max_length: int) -> list[int]:
         if not label.strip():
             raise BadSampleError("empty_label", "label is empty")
+        # The length first: a label of megabytes costs nothing here, where the lookups below
+        # (and an error message quoting the label) would cost its size in time and memory.
+        if len(label) > max_length:
+            raise BadSampleError(
+                "label_too_long", f"label of {len(label)} characters > max_text_length {max_length}"
+            )
         # One pass of dictionary lookups; the characters that are missing are only collected
         # (a second pass) for the error message.
         try:
@@ -90,10 +97,6 @@ class CharDict:
                 "label_out_of_dict",
                 f"label {label!r} has characters not in the dictionary: " f"{''.join(missing)!r}",
             ) from None
-        if len(label) > max_length:
-            raise BadSampleError(
-                "label_too_long", f"label of {len(label)} characters > max_text_length {max_length}"
-            )
         return classes + [0] * (max_length - len(classes))  # padded with blanks
 
     def decode(self, classes: np.ndarray) -> str:

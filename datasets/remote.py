@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from datasets import s3_objects as s3
+from datasets import safe_files
 from datasets.s3_objects import RemoteObject, RemoteStorageError
 
 log = logging.getLogger(__name__)
@@ -61,10 +63,21 @@ def is_remote(path: str | os.PathLike[str]) -> bool:
     return str(path).startswith(("s3://", "s3a://"))
 
 
+def _open_lock(path: Path) -> int:
+    """A lock file of the cache, created when missing; a link at its name is refused (the cache
+    folder may be shared, and O_CREAT through a link would create its target)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | safe_files.NOFOLLOW, 0o666)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise safe_files.LinkRefusedError(path) from None
+        raise
+
+
 @contextlib.contextmanager
 def _locked(path: Path, url: str) -> Iterator[None]:
     """Hold the exclusive staging lock for one dataset; say so if another process has it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -79,7 +92,7 @@ def _locked(path: Path, url: str) -> Iterator[None]:
 def _mark_in_use(inuse: Path) -> None:
     """Hold a shared lock until exit (or :func:`release`) so eviction skips this dataset."""
     if str(inuse) not in _IN_USE:
-        fd = os.open(inuse, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock(inuse)
         fcntl.flock(fd, fcntl.LOCK_SH)
         _IN_USE[str(inuse)] = fd
 
@@ -88,7 +101,7 @@ def _try_exclusive(paths: list[Path]) -> list[int] | None:
     """Non-blocking exclusive locks on all ``paths``, or None if any is held elsewhere."""
     fds: list[int] = []
     for path in paths:
-        fds.append(os.open(path, os.O_RDWR | os.O_CREAT, 0o666))
+        fds.append(_open_lock(path))
         try:
             fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -122,8 +135,9 @@ def _read_json(path: Path) -> dict:
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    with os.fdopen(safe_files.open_new(tmp), "w") as f:  # a link at the name: refused
+        f.write(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, safe_files.refuse_link(path))
 
 
 def _cache_entries(cache: Path) -> list[tuple[float, str, int, str]]:

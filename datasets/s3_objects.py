@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHUNK = 1 << 20
+# A listing is bounded like every other remote answer: a dataset here is an LMDB directory, a
+# tree of them or one HDF5 file, a few objects to a few thousand, so a listing that runs past
+# these (S3 pages hold at most 1000 keys) is a server that does not stop, not a dataset.
+MAX_LIST_PAGES = 10_000
+MAX_LISTED_OBJECTS = 1_000_000
 _AUTH_CODES = {
     "InvalidAccessKeyId": "the server does not know this access key id",
     "SignatureDoesNotMatch": "the secret access key does not match the access key id",
@@ -294,12 +299,37 @@ def _head(fs: Any, url: str, bucket: str, key: str, opt: TransferOptions) -> Rem
 def _list_prefix(
     fs: Any, url: str, bucket: str, key: str, opt: TransferOptions
 ) -> list[RemoteObject]:
-    """All objects below ``key/`` except lock.mdb and folder markers, paginated."""
+    """All objects below ``key/`` except lock.mdb and folder markers, paginated.
+
+    Every page must make progress: a continuation token seen before, or a page whose first key
+    does not come after the previous page's last (S3 lists keys in ascending order), is a
+    server going round in circles; it and a listing past MAX_LIST_PAGES pages or
+    MAX_LISTED_OBJECTS keys are errors that name the bucket and prefix."""
     prefix, token, objects = f"{key}/" if key else "", None, []
-    while True:
+    tokens: set[str] = set()
+    listed, last_key = 0, None
+
+    def endless(problem: str) -> RemoteStorageError:
+        return RemoteStorageError(
+            f"listing s3://{bucket}/{prefix} at {endpoint_label()} {problem}",
+            "the server is not S3-compatible in its listings, or the prefix names far more "
+            "than a dataset: check AWS_ENDPOINT_URL and the dataset path",
+        )
+
+    for _ in range(MAX_LIST_PAGES):
         kw = {"Bucket": bucket, "Prefix": prefix, **({"ContinuationToken": token} if token else {})}
         page = _retrying("LIST", url, lambda kw=kw: fs.call_s3("list_objects_v2", **kw), opt)
-        for item in page.get("Contents", []):
+        contents = page.get("Contents", [])
+        listed += len(contents)
+        if listed > MAX_LISTED_OBJECTS:
+            raise endless(f"goes past {MAX_LISTED_OBJECTS} objects")
+        if contents and last_key is not None and contents[0]["Key"] <= last_key:
+            raise endless(
+                f"makes no progress: a page starts at {contents[0]['Key']!r}, not after the "
+                f"previous page's last key {last_key!r}"
+            )
+        last_key = contents[-1]["Key"] if contents else last_key
+        for item in contents:
             rel = item["Key"][len(prefix) :]
             if rel.endswith("/") or rel.rsplit("/", 1)[-1] == "lock.mdb":
                 continue
@@ -320,6 +350,10 @@ def _list_prefix(
         token = page.get("NextContinuationToken")
         if not page.get("IsTruncated") or not token:
             return objects
+        if token in tokens:
+            raise endless(f"makes no progress: continuation token {token[:40]!r} came twice")
+        tokens.add(token)
+    raise endless(f"goes past {MAX_LIST_PAGES} pages")
 
 
 class Meter:
@@ -379,18 +413,36 @@ def _resume_offset(part: Path, obj: RemoteObject) -> tuple[int, Any]:
 async def _stream_get(
     fs: Any, bucket: str, obj: RemoteObject, offset: int, part: Path, hasher: Any, meter: Meter
 ) -> str | None:
-    """GET the object from ``offset`` (If-Match its ETag) and append it to ``part``."""
+    """GET the object from ``offset`` (If-Match its ETag) and append it to ``part``.
+
+    Never more than the listed size: each read asks for at most one byte past what is left, so
+    a server that sends more (whatever its Content-Length says) is stopped after one byte too
+    many, with ``part`` no larger than the object, and the staging fails (not retried: the
+    same server would answer the same)."""
     kw = {"IfMatch": obj.etag, **({"Range": f"bytes={offset}-"} if offset else {})}
     resp = await fs._call_s3("get_object", Bucket=bucket, Key=obj.key, **kw)
     body = resp["Body"]
+    left = obj.size - offset
     try:
         with part.open("ab") as out:
-            while chunk := await body.read(CHUNK):
+            while chunk := await body.read(min(CHUNK, left + 1)):
+                if len(chunk) > left:
+                    break
                 out.write(chunk)
                 hasher.update(chunk)
                 meter.add(len(chunk))
+                left -= len(chunk)
     finally:
         body.close()
+    if chunk:
+        part.unlink(missing_ok=True)
+        part.with_name(part.name + ".json").unlink(missing_ok=True)
+        raise RemoteStorageError(
+            f"s3://{bucket}/{obj.key} at {endpoint_label()}: the server sent more than the "
+            f"{obj.size} bytes its listing gave; stopped there, the partial download removed",
+            "the server is not S3-compatible, or the object is being rewritten: check "
+            "AWS_ENDPOINT_URL, and stage again once any upload has finished",
+        )
     return resp.get("ServerSideEncryption")
 
 

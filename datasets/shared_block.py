@@ -10,6 +10,7 @@ deadlock the others. Reads of published data need no lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from datasets import owner_lock
+from datasets import owner_lock, safe_files
 from datasets.process_id import current_pid
 
 
@@ -60,7 +61,12 @@ class SharedBlock:
 
     def _mapped(self) -> mmap.mmap:
         if self._map is None or self._pid != current_pid():
-            self._fd = os.open(self.path, os.O_RDWR)
+            try:  # by name in every process: a link put in the file's place is not followed
+                self._fd = os.open(self.path, os.O_RDWR | safe_files.NOFOLLOW)
+            except OSError as error:
+                if error.errno == errno.ELOOP:
+                    raise safe_files.LinkRefusedError(self.path) from None
+                raise
             self._map = mmap.mmap(self._fd, 0)
             self._pid = current_pid()
         return self._map

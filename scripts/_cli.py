@@ -15,15 +15,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(main) -> None:
-    """Call ``main()``; turn a DatasetError or WeightsError into one line on stderr and exit
-    code 2."""
+    """Call ``main()``; turn a DatasetError, a WeightsError or a write refused at a link
+    (LinkRefusedError) into one line on stderr and exit code 2."""
     from datasets.errors import DatasetError
+    from datasets.safe_files import LinkRefusedError
     from train.ppocrv4_weights import WeightsError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         sys.exit(main())
-    except (DatasetError, WeightsError) as exc:
+    except (DatasetError, WeightsError, LinkRefusedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 from pathlib import Path
 
+from datasets.safe_files import write_atomic
 from scripts import _cli
 from train.ppocrv4_weights import OUTPUT_CLASSES, read_onnx, write_dictionary
 
@@ -51,9 +53,9 @@ def convert(
         print("\n".join(report))
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"ppocrv4_rec{SUFFIX[framework]}"
-    partial = target.with_name(target.name + ".partial")
-    save(net.state_dict(), str(partial))
-    partial.replace(target)
+    weights = io.BytesIO()  # the frameworks' save follows a link at a path; write_atomic won't
+    save(net.state_dict(), weights)
+    write_atomic(target, weights.getvalue())
     keys = write_dictionary(released.characters, dict_out or out_dir / "ppocr_keys.txt")
     print(
         f"mapped {len(report)} tensors of {onnx_path} -> {target} "

@@ -21,11 +21,20 @@ from datasets.synthetic import DOMAINS
 from scripts import _cli
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def make_ocr(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from datasets.errors import DatasetError
-    from datasets.lmdb_ocr import LmdbOcrWriter
+    from datasets.lmdb_ocr import LmdbOcrWriter, check_replaceable, written_here
+    from datasets.safe_files import write_atomic
     from datasets.synthetic import ocr_charset, ocr_samples, write_all
 
     out = os.path.abspath(args.out)
@@ -37,14 +46,24 @@ def make_ocr(args: argparse.Namespace) -> int:
     if num_train < 1:
         raise DatasetError(f"--num {args.num} leaves no training samples", "raise --num")
     splits = (("train", num_train, args.seed), ("val", num_val, args.seed + 1_000_003))
-    for split, _, _ in splits:  # refuse before writing anything
-        if os.path.exists(os.path.join(out, split)) and not args.overwrite:
-            raise DatasetError(f"{out}/{split} already exists", "pass --overwrite or pick --out")
+    # Refuse before writing anything: each split replaces only an LMDB of ours (--overwrite),
+    # and charset.txt only beside one, or one with the same characters (a rerun after an
+    # interruption): a charset.txt in a folder of other things is not ours.
+    for split, _, _ in splits:
+        check_replaceable(os.path.join(out, split), args.overwrite)
+    charset_path = os.path.join(out, "charset.txt")
+    text = "".join(c + "\n" for c in charset)
+    if os.path.lexists(charset_path) and not (
+        (args.overwrite and any(written_here(os.path.join(out, s)) for s, _, _ in splits))
+        or (os.path.isfile(charset_path) and _read(charset_path) == text)
+    ):
+        raise DatasetError(
+            f"{charset_path} already exists and {out} holds no dataset of this script to replace "
+            "with it",
+            "pick an empty or new --out",
+        )
     os.makedirs(out, exist_ok=True)
-    tmp_charset = os.path.join(out, "charset.txt.partial")
-    with open(tmp_charset, "w", encoding="utf-8") as f:
-        f.write("".join(c + "\n" for c in charset))
-    os.replace(tmp_charset, os.path.join(out, "charset.txt"))
+    write_atomic(charset_path, text)
     start = time.perf_counter()
     for split, count, seed in splits:
         with tqdm(total=count, desc=f"ocr {split}", disable=args.quiet) as bar:

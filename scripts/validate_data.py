@@ -31,6 +31,7 @@ def main() -> int:
     from tqdm import tqdm
 
     from datasets.ocr_transforms import CharDict
+    from datasets.safe_files import write_atomic
     from datasets.validate import detect_kind, scan
 
     detect_kind(args.path)  # a wrong path fails here, before the progress bar starts
@@ -40,8 +41,7 @@ def main() -> int:
     lines = list(report.lines())
     print("\n".join(lines))
     if args.bad_keys_out:
-        with open(args.bad_keys_out, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines[:-1]))
+        write_atomic(args.bad_keys_out, "".join(line + "\n" for line in lines[:-1]))
     return 1 if report.bad else 0
 
 

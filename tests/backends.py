@@ -13,6 +13,10 @@ from train import tasks
 from train.backends import make_backend
 from train.config import Config, config_from_dict
 
+# OCR lines 32 wide, for tests that build a model without reading the fixture's lines: the
+# CRNN's 8 CTC time steps align labels of up to 4 characters (2 L - 1 <= T).
+TINY_OCR_DATA = {"image_shape": [3, 16, 32], "max_text_length": 4}
+
 
 def make_config(framework: str, task: str, data_path: Path, **sections) -> Config:
     """A small CPU config over fixture data; each keyword updates that config section."""
@@ -26,6 +30,9 @@ def make_config(framework: str, task: str, data_path: Path, **sections) -> Confi
     }
     if task == "ocr":  # the fixture data's side files and a model small enough for the CPU
         raw["data"]["char_dict"] = str(data_path.parent / "charset.txt")
+        # The fixture's longest line (datasets/synthetic.py's ocr_samples): a width of 80 or
+        # more gives the 2 x 10 - 1 CTC time steps such a line may need.
+        raw["data"]["max_text_length"] = 10
         raw["model"] = {"name": "crnn_tiny", "hidden_size": 64}
     else:
         raw["data"].update(

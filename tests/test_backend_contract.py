@@ -18,6 +18,7 @@ import pytest
 
 from datasets.sampler import EpochSampler
 from tests.backends import (
+    TINY_OCR_DATA,
     Payload,
     build,
     first_batches,
@@ -186,7 +187,7 @@ def test_grad_clip_bounds_the_norm_of_all_gradients_together(framework, ocr_lmdb
 @pytest.fixture
 def checkpoint(framework, ocr_lmdb, tmp_path):
     """A small OCR backend and the checkpoint it saved in tmp_path / "ckpt"."""
-    config = make_config(framework, "ocr", ocr_lmdb, data={"image_shape": [3, 16, 32]})
+    config = make_config(framework, "ocr", ocr_lmdb, data=TINY_OCR_DATA)
     backend = start(config)
     build(backend, config, num_classes=5, total_steps=10)
     directory = tmp_path / "ckpt"
@@ -253,9 +254,7 @@ def test_persistent_workers_give_the_batches_of_the_main_process(framework, ocr_
 
 # ---------------------------------------------------------------- settings
 def test_amp_is_off_on_the_cpu_and_said_once(framework, ocr_lmdb, caplog):
-    config = make_config(
-        framework, "ocr", ocr_lmdb, train={"amp": "bf16"}, data={"image_shape": [3, 16, 32]}
-    )
+    config = make_config(framework, "ocr", ocr_lmdb, train={"amp": "bf16"}, data=TINY_OCR_DATA)
     backend = start(config)
     with caplog.at_level(logging.WARNING):
         build(backend, config, num_classes=5, total_steps=10)

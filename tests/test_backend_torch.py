@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 
 from datasets.sampler import EpochSampler  # noqa: E402
 from tests.backends import (  # noqa: E402
+    TINY_OCR_DATA,
     Payload,
     build,
     first_batches,
@@ -51,7 +52,7 @@ def restore_torch_threads():
 
 # ---------------------------------------------------------------- checkpoints
 def _small_ocr_backend(ocr_lmdb: Path):
-    config = make_config("torch", "ocr", ocr_lmdb, data={"image_shape": [3, 16, 32]})
+    config = make_config("torch", "ocr", ocr_lmdb, data=TINY_OCR_DATA)
     backend = start(config)
     build(backend, config, num_classes=5, total_steps=10)
     return backend
@@ -273,7 +274,7 @@ def test_two_process_gloo_all_reduce_barrier_and_ddp(ocr_lmdb):
     raw = {
         "task": "ocr",
         "framework": "torch",
-        "data": {"train": str(ocr_lmdb), "char_dict": "unused.txt", "image_shape": [3, 16, 32]},
+        "data": {"train": str(ocr_lmdb), "char_dict": "unused.txt", **TINY_OCR_DATA},
         "model": {"name": "crnn_tiny", "hidden_size": 16},
         "train": {"device": "cpu"},
     }

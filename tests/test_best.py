@@ -34,7 +34,7 @@ def _weights(directory, framework) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_best_keeps_the_peak_when_the_metric_dips(framework, ocr_lmdb, tmp_path):
-    config = make_config(framework, "ocr", ocr_lmdb, data={"image_shape": [3, 16, 48]})
+    config = make_config(framework, "ocr", ocr_lmdb, data={"image_shape": [3, 16, 80]})
     backend = start(config)
     batches, num_classes = first_batches(backend, config, 3)
     build(backend, config, num_classes, total_steps=3)

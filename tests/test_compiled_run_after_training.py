@@ -28,7 +28,7 @@ def compiled_run(ocr_lmdb: Path, run: Path) -> Path:
     checkpoint of the model, written here by the uncompiled model (a compiled run's checkpoints
     are the same files: tests/test_compile.py)."""
     small = {
-        "data": {"image_shape": [3, 32, 64]},
+        "data": {"image_shape": [3, 32, 64], "max_text_length": 8},  # 16 CTC time steps
         "model": {"name": "crnn_tiny", "hidden_size": 16},
     }
     compiled = make_config("torch", "ocr", ocr_lmdb, train={"compile": True}, **small)

@@ -30,7 +30,7 @@ def write_config(tmp_path: Path, data_root: Path, *, task: str = "ocr", **extra:
     """A standalone config (no extends), CPU, no workers, runs under tmp_path/runs."""
     if task == "ocr":
         data = f"  train: {data_root / 'train'}\n  char_dict: {data_root / 'charset.txt'}\n"
-        data += "  image_shape: [3, 32, 160]\n"
+        data += "  image_shape: [3, 32, 160]\n  max_text_length: 10\n"
     else:
         data = f"  train: {data_root}\n"
     data += "".join(f"  {key}: {value}\n" for key, value in extra.items())

@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 
+from datasets.errors import DatasetError
 from datasets.hdf5_images import Hdf5TagSource
 from datasets.synthetic import IMAGENET_TAG_NAMES, imagenet_tags
 from tests.test_after_training import SHORT, SMALL_RESNET, _cli, _predictions
@@ -90,7 +91,7 @@ def test_outputs_are_the_datas_tags_and_model_num_classes_cannot_change_them():
     tagging = tasks.get("tagging")
     fake = type("D", (), {"source": type("S", (), {"class_names": list(IMAGENET_TAG_NAMES)})})
     assert tagging.num_classes(ModelConfig(), fake) == len(IMAGENET_TAG_NAMES)
-    with pytest.raises(ValueError, match="model.num_classes: 10, but the tagging task"):
+    with pytest.raises(DatasetError, match="model.num_classes: 10, but the tagging task"):
         tagging.num_classes(ModelConfig(num_classes=10), fake)
 
 

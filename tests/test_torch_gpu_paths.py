@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.backends import build, make_config, start  # noqa: E402
+from tests.backends import TINY_OCR_DATA, build, make_config, start  # noqa: E402
 from tests.test_backend_torch import run_gloo_workers  # noqa: E402
 from tests.test_distributed import free_port  # noqa: E402
 from tests.test_train import FAST, ROOT, data_overrides, set_args  # noqa: E402
@@ -70,7 +70,7 @@ def test_cuda_batches_take_the_layout_of_the_models_weights(
     batches stay plain NCHW, like its weights, instead of being converted back in every
     convolution."""
     data = ocr_lmdb if task == "ocr" else image_h5
-    shape = {"image_shape": [3, 16, 32]} if task == "ocr" else {"image_size": 32}
+    shape = TINY_OCR_DATA if task == "ocr" else {"image_size": 32}
     config = make_config("torch", task, data, data=shape, model={"name": model})
     backend = built_as_on_cuda(config, monkeypatch)
     images = torch.randint(0, 256, (2, 16, 32, 3), dtype=torch.uint8)
@@ -111,7 +111,7 @@ def test_scaler_state_to_load_for_each_change_of_train_amp(caplog):
 
 
 def small_ocr_backend(ocr_lmdb):
-    config = make_config("torch", "ocr", ocr_lmdb, data={"image_shape": [3, 16, 32]})
+    config = make_config("torch", "ocr", ocr_lmdb, data=TINY_OCR_DATA)
     backend = start(config)
     build(backend, config, num_classes=5, total_steps=10)
     return backend
@@ -210,7 +210,7 @@ def test_each_of_two_gloo_ranks_restores_its_own_generator_states(ocr_lmdb, tmp_
     raw = {
         "task": "ocr",
         "framework": "torch",
-        "data": {"train": str(ocr_lmdb), "char_dict": "unused.txt", "image_shape": [3, 16, 32]},
+        "data": {"train": str(ocr_lmdb), "char_dict": "unused.txt", **TINY_OCR_DATA},
         "model": {"name": "crnn_tiny", "hidden_size": 16},
         "train": {"device": "cpu"},
     }
@@ -248,9 +248,7 @@ def test_compile_without_a_compiler_fails_at_build_naming_the_fix(ocr_lmdb, monk
     is missing and both ways out, instead of InvalidCxxCompiler deep in the first step."""
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     monkeypatch.delenv("TORCH_INDUCTOR_INSTALL_GXX", raising=False)
-    config = make_config(
-        "torch", "ocr", ocr_lmdb, data={"image_shape": [3, 16, 32]}, train={"compile": True}
-    )
+    config = make_config("torch", "ocr", ocr_lmdb, data=TINY_OCR_DATA, train={"compile": True})
     backend = start(config)
     with pytest.raises(RunError) as raised:
         build(backend, config, num_classes=5, total_steps=4)

@@ -8,13 +8,14 @@ r"""Train the OCR recognizer or ResNet-50 with PaddlePaddle or PyTorch, from one
         train/__main__.py --config configs/ocr/multi_gpu.yaml
 
 Exit codes (train/errors.py): 0 done; 1 a bug (a traceback follows); 2 bad config or command
-line; 3 data problem (dataset unreadable or malformed, too many bad samples); 4 checkpoint
-problem (a save failed, e.g. disk full; no usable checkpoint to resume); 5 /dev/shm too small
-for the config (shm.policy fail); 6 a loader worker died or hung (the error names the sample it
-was on); 7 train.device asks for a GPU this process cannot use (the error says why); 8 the loss
-was NaN/Inf (train.nonfinite); 9 out of memory in a step; 10 another run holds the output
-directory; 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (continue with
---resume).
+line; 3 data problem (dataset unreadable or malformed, too many bad samples); 4 checkpoint or
+disk problem (a checkpoint, best/ or a run file could not be written, e.g. disk full, a quota or
+the file-size limit; no usable checkpoint to resume; a disk cache without its room); 5 /dev/shm
+too small for the config (shm.policy fail); 6 a loader worker died or hung (the error names the
+sample it was on); 7 train.device asks for a GPU this process cannot use (the error says why);
+8 the loss was NaN/Inf (train.nonfinite); 9 out of memory in a step; 10 another run holds the
+output directory; 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (continue
+with --resume).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -62,7 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(for jobs that restart: Kubernetes backoffLimit, compose restart policies)",
     )
     group.add_argument(
-        "--overwrite", action="store_true", help="delete an existing run directory and start over"
+        "--overwrite",
+        action="store_true",
+        help="empty the run directory and start over (only a run directory: one holding the "
+        ".starved-run marker the trainer writes, or a run's own files)",
     )
     return parser.parse_args(argv)
 
@@ -160,9 +163,13 @@ def loader_failure(exc: BaseException, data, hung_after_s: float | None) -> int 
 
 
 def setup_logging(run_dir: Path | None, is_main: bool) -> None:
+    from datasets.safe_files import AppendFileHandler
+    from train import run_files
+
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if run_dir is not None and is_main:
-        handlers.append(logging.FileHandler(run_dir / "train.log"))
+        log_file = AppendFileHandler(run_dir / "train.log")  # a link there: refused
+        handlers.append(run_files.stop_on_write_failure(log_file))  # a full disk: a warning
     logging.basicConfig(
         level=logging.INFO if is_main else logging.WARNING,
         force=True,
@@ -171,8 +178,16 @@ def setup_logging(run_dir: Path | None, is_main: bool) -> None:
     )
 
 
+def output_dir_key(args) -> str:
+    """Where the run directory came from, for its error messages."""
+    return "output.dir" if args.output_dir is None else "--output-dir"
+
+
 def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
-    from train import checkpoint, run_lock
+    """Refuse a directory holding a run unless --resume/--auto-resume/--overwrite says what to
+    do with it; --overwrite empties it (run_dirs.clear: only a run directory, never another
+    folder); the main rank marks it as a run directory."""
+    from train import checkpoint, run_dirs
 
     if checkpoint.latest(run_dir) is not None and not (
         args.resume or args.auto_resume or args.overwrite
@@ -182,14 +197,10 @@ def prepare_run_dir(run_dir: Path, args, is_main: bool) -> None:
             "--overwrite to start over, or --output-dir for a new run"
         )
     if args.overwrite and is_main and run_dir.exists():
-        for path in run_dir.iterdir():
-            if path.name == run_lock.LOCK_NAME:
-                continue  # ours, held: deleting it would let another run lock a new one
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+        run_dirs.clear(run_dir, output_dir_key(args))
     run_dir.mkdir(parents=True, exist_ok=True)
+    if is_main:
+        run_dirs.mark(run_dir)
 
 
 def should_auto_resume(run_dir: Path) -> bool:
@@ -309,16 +320,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args, held: Held) -> int:
     """The run, start to end; failures of a known kind are raised as such (train.errors)."""
-    from train import loop, preflight, report, stall
+    from datasets.safe_files import write_atomic
+    from train import loop, preflight, report, run_dirs, run_files, stall
     from train.backends import launcher_rank, make_backend
-    from train.config import load_config, save_resolved
+    from train.config import RESOLVED_NAME, load_config, save_resolved
     from train.cpus import resolve_loader
     from train.data import build_run_data, stage_remote
     from train.run_lock import RunLock
 
     config = held.config = load_config(args.config, args.overrides)
-    run_dir = Path(args.output_dir or config.output.dir)
+    text = config.output.dir if args.output_dir is None else args.output_dir
+    run_dir = Path(text)
     if launcher_rank(config.framework) == 0:  # the only rank that writes the run directory
+        # Before anything is read or written: a directory that is no run directory (a mistyped
+        # path, ".", an empty output.dir) is refused before the lock creates a file in it.
+        run_dirs.check(text, args.overwrite, output_dir_key(args))
         held.lock = RunLock(run_dir).acquire()  # first: a second run fails before any work
     # Remote (s3://) data is staged before the backend imports its framework: a framework's
     # bundled zlib (Paddle's) could break the S3 client's compression otherwise.
@@ -334,8 +350,10 @@ def run(args, held: Held) -> int:
     backend.barrier()
     resume = args.resume or (args.auto_resume and should_auto_resume(run_dir))
     setup_logging(run_dir, dist.is_main)
+    run_files.room_errors_of_threads_in_one_line()  # the scalar log's writer thread
     if dist.is_main:
-        save_resolved(config, run_dir)
+        with run_files.writing(run_dir / RESOLVED_NAME, then="run the same command again"):
+            save_resolved(config, run_dir)
     log.info(
         "run %s: %s %s on %s, %d rank(s)",
         run_dir,
@@ -362,7 +380,8 @@ def run(args, held: Held) -> int:
                 ordered["loader_tune"] = tune
         summary = ordered
     if dist.is_main:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        with run_files.writing(run_dir / "summary.json"):
+            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         plots = report.write_plots(run_dir) if config.output.plots else []
         print(report.summary_table({"run_dir": str(run_dir), **summary}))
         print(f"metrics: {run_dir / 'metrics.jsonl'}; plots: {', '.join(map(str, plots))}")

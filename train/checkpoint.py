@@ -10,7 +10,6 @@ the latest; ``latest`` names the newest and is replaced atomically too.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -24,7 +23,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train import faults, tasks
+from datasets import safe_files
+from train import faults, run_files, tasks
 from train.errors import CheckpointError, WorkerDiedError  # raised here; main maps them
 
 log = logging.getLogger(__name__)
@@ -125,8 +125,8 @@ def refuse_pickle(path: Path, holds: str, reader: str, detail: str) -> UnsafeChe
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
+    tmp = safe_files.refuse_link(path).with_name(path.name + ".partial")
+    with os.fdopen(safe_files.open_new(tmp), "w", encoding="utf-8") as f:  # never via a link
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -171,32 +171,23 @@ def _manifest(directory: Path) -> dict[str, dict[str, int]]:
     }
 
 
-def _disk_full(error: BaseException, root: Path) -> bool:
-    """Whether a failed write was for want of space: ENOSPC/EDQUOT, or (torch.save reports a
-    failed write as a RuntimeError without the errno) less than 1 MiB left where it wrote."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    try:
-        return shutil.disk_usage(root).free < (1 << 20)
-    except OSError:
-        return False
-
-
-def _save_failed(error: BaseException, disk_full: bool, root: Path, step: int) -> CheckpointError:
-    if disk_full:
-        usage = shutil.disk_usage(root)
+def _save_failed(
+    error: BaseException, room: int | None, root: Path, what: str, kept: str
+) -> CheckpointError:
+    """The one line for a failed save of ``what`` into ``root``: ``room`` is run_files'
+    room_errno (the disk, a quota or the file-size limit ran out), read before the partial files
+    were removed; ``kept`` names what is intact."""
+    if room is not None:
         return CheckpointError(
-            f"disk full: the checkpoint of step {step} does not fit in {root} "
-            f"({usage.free / 1e6:.0f} MB free of {usage.total / 1e6:.0f} MB); its partial files "
-            "are removed and the previous checkpoints are intact. HINT: free space or give the "
-            "run directory a larger volume, lower train.keep_last, then continue with --resume"
+            f"{run_files.OUT_OF_ROOM[room]}: {what} does not fit in {root} "
+            f"({run_files.room_left(room, root)}); its partial files are removed and {kept}. "
+            f"HINT: {run_files.room_fix(room)}, then continue with --resume"
         )
     return CheckpointError(
-        f"the checkpoint of step {step} could not be written to {root}: "
-        f"{type(error).__name__}: {str(error).strip()[:300]}; its partial "
-        "files are removed and the previous checkpoints are intact. HINT: check that the run "
-        "directory is writable (permissions, a read-only or lost mount), then continue with "
-        "--resume"
+        f"{what} could not be written to {root}: {type(error).__name__}: "
+        f"{run_files.one_line(str(error))[:300]}; its partial files are removed and {kept}. "
+        "HINT: check that the run directory is writable (permissions, a read-only or lost "
+        "mount), then continue with --resume"
     )
 
 
@@ -283,7 +274,7 @@ def _save(run_dir: Path, backend, position: Position, keep_last: int, config) ->
     tmp = root / f"step-{position.step:08d}.partial"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        safe_files.remove_stale(tmp, folder=True)  # a link there is refused, not followed
         _write_state(tmp, backend, position, config)
         if final.exists():
             shutil.rmtree(final)
@@ -292,10 +283,12 @@ def _save(run_dir: Path, backend, position: Position, keep_last: int, config) ->
         _write_atomic(root / "latest", final.name + "\n")
         _fsync_dir(root)
     except Exception as error:  # OSError, or the framework's own error for a failed write
-        disk_full = _disk_full(error, root)  # before the cleanup frees the space again
+        room = run_files.room_errno(error, root, probe=tmp)  # before the cleanup frees room
         shutil.rmtree(tmp, ignore_errors=True)
         (root / "latest.partial").unlink(missing_ok=True)
-        raise _save_failed(error, disk_full, root, position.step) from error
+        what = f"the checkpoint of step {position.step}"
+        kept = "the previous checkpoints are intact"
+        raise _save_failed(error, room, root, what, kept) from error
     for old in sorted(root.glob("step-????????"))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     # Size and time in the log: what a stop grace period (compose, k8s) has to cover.
@@ -398,8 +391,12 @@ BEST_DIR = "best"  # in the run directory, beside checkpoints/; keep_last never 
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a rename, as the checkpoints' own files."""
-    _write_atomic(Path(path), text)
+    """Write the run file ``path`` (summary.json, a report) through a rename, as the
+    checkpoints' own files; a failed write (disk full...) is RunFileError, with no .partial
+    left."""
+    path = Path(path)
+    with run_files.writing(path, partial=path.with_name(path.name + ".partial")):
+        _write_atomic(path, text)
 
 
 def best(run_dir: Path) -> Path | None:
@@ -434,7 +431,8 @@ def save_best(run_dir: Path, backend, position: Position, config, metric: str, v
     previous best stands (ties too: the earlier step stays). best/ is a checkpoint like the
     others (same files, trainer.json), written as ``best.partial`` and renamed into place, and
     keep_last never removes it. --resume reads the record, so a resumed run keeps comparing
-    against the best before the stop."""
+    against the best before the stop. A failed write (disk full...) is the CheckpointError of a
+    failed save, best.partial removed and the previous best/ in place."""
     with worker_exits_after_save(position.step):
         return _save_best(run_dir, backend, position, config, metric, value)
 
@@ -446,15 +444,25 @@ def _save_best(run_dir: Path, backend, position: Position, config, metric: str, 
     started = time.perf_counter()
     run_dir = Path(run_dir)
     final, tmp, old = (run_dir / f"{BEST_DIR}{end}" for end in ("", ".partial", ".old"))
-    shutil.rmtree(tmp, ignore_errors=True)
-    _write_state(tmp, backend, position, config)
     record = {"metric": metric, "value": value, "step": position.step, "epoch": position.epoch}
-    _write_atomic(tmp / BEST_METRIC_FILE, json.dumps(record, indent=2))
-    # Two renames: a crash between them leaves best.old, which best() still finds.
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
+    try:
+        safe_files.remove_stale(tmp, folder=True)  # a link there is refused, not followed
+        _write_state(tmp, backend, position, config)
+        _write_atomic(tmp / BEST_METRIC_FILE, json.dumps(record, indent=2))
+        # Two renames: a crash between them leaves best.old, which best() still finds.
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(run_dir)
+    except Exception as error:  # as in _save: OSError, or the framework's own failed write
+        room = run_files.room_errno(error, run_dir, probe=tmp)  # before the cleanup frees room
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not final.exists():  # failed between the renames: put it back
+            os.replace(old, final)
+        what = f"the best checkpoint (step {position.step}, {metric} {value:.4f})"
+        kept = f"the previous {BEST_DIR}/ and the checkpoints are intact"
+        raise _save_failed(error, room, run_dir, what, kept) from error
     shutil.rmtree(old, ignore_errors=True)
     was = f"{previous['value']:.4f} at step {previous['step']}" if previous else "none"
     log.info(

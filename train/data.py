@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from datasets.dataset import RecordDataset
 from datasets.errors import DatasetError
 from datasets.sampler import EpochSampler
@@ -67,8 +69,39 @@ def build_run_data(config, run_dir: Path, local_data=None) -> RunData:
         built[split] = task.open_dataset(
             data, path, train=split == "train", seed=config.seed, **extra
         )
-    num_classes = task.num_classes(config.model, built["train"])
+    try:
+        num_classes = task.num_classes(config.model, built["train"])
+        if task.loss == "cross_entropy":
+            for split, path in (("train", data.train), ("val", data.val)):
+                if split in built:
+                    check_class_count(config.model, built[split], path)
+    except BaseException:
+        for dataset in built.values():
+            dataset.close()
+        raise
     return RunData(built["train"], built.get("val"), num_classes)
+
+
+def check_class_count(model, dataset: RecordDataset, path: str) -> None:
+    """Raise DatasetError when model.num_classes leaves out a class the data at ``path`` holds:
+    the model has no output for it, and the loss would index past the scores (a framework's
+    traceback on the CPU, a device-side assert on a GPU). Read at open from the labels the
+    source lists (a task with one class id per image); a label past the data's own class names
+    is a bad sample of its record (bad_label), not counted here."""
+    names = getattr(dataset.source, "class_names", None)
+    labels = getattr(dataset.source, "labels", None)
+    if model.num_classes is None or names is None or labels is None or not len(labels):
+        return
+    labels = np.asarray(labels)
+    named = labels[(labels >= 0) & (labels < len(names))]
+    largest = int(named.max()) if len(named) else -1
+    if largest >= model.num_classes:
+        raise DatasetError(
+            f"{path} holds class {largest} ({names[largest]!r}) but model.num_classes is "
+            f"{model.num_classes}: the model's outputs are classes 0..{model.num_classes - 1}",
+            f"set model.num_classes to at least {largest + 1} (the data names {len(names)} "
+            "classes), or remove it to take the count from the data",
+        )
 
 
 def sample_policy(data) -> dict:

@@ -183,25 +183,35 @@ def _dataset_failure(config, split: str, path: str, exc: Exception) -> Check:
         detail = f"{path}: cannot read {exc.filename or path}: {strerror(exc)}"
         return Check(name, "FAIL", detail, "check the path and its volume mount")
     fix = "scripts/validate_data.py PATH shows every bad record"
-    return Check(name, "FAIL", str(exc).split(". HINT")[0], fix)
+    hint = getattr(exc, "hint", "")  # a DatasetError's own fix, when it names one
+    return Check(name, "FAIL", str(exc).split(". HINT")[0], f"{hint}; {fix}" if hint else fix)
 
 
 def check_dataset(config, split: str, path: str | None):
-    """Open the dataset like training does and decode one sample (returns it for shm sizing)."""
+    """Open the dataset like training does, decode one sample (returns it for shm sizing) and
+    check its classes against the model's, as train/data.py does at the start of a run."""
     from datasets import remote
     from datasets.errors import BadSampleError, DatasetError
+    from train.data import check_class_count
 
     name = f"data.{split}"
     if path is None:
         return Check(name, "PASS", "not set"), None
     if remote.is_remote(path):
         return Check(name, "PASS", f"{path}: remote, staged at start"), None
+    task = tasks.get(config.task)
     try:
         # As training opens it, without augmentation.
-        dataset = tasks.get(config.task).open_dataset(config.data, path, train=False)
-        sample = dataset[0]
-        count = len(dataset)
-        dataset.close()
+        dataset = task.open_dataset(config.data, path, train=False)
+        try:
+            sample = dataset[0]
+            count = len(dataset)
+            if split == "train":
+                task.num_classes(config.model, dataset)
+            if task.loss == "cross_entropy":
+                check_class_count(config.model, dataset, path)
+        finally:
+            dataset.close()
     except (DatasetError, BadSampleError, OSError) as exc:
         return _dataset_failure(config, split, path, exc), None
     if count < config.loader.batch_size and split == "train":

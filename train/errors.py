@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 
-from datasets.errors import DatasetError, TooManyBadSamplesError
+from datasets.errors import CacheSpaceError, DatasetError, TooManyBadSamplesError
+from datasets.safe_files import LinkRefusedError
 from train.config.errors import ConfigError
 
 EXIT_CONFIG = 2  # bad config or command line
 EXIT_DATA = 3  # dataset unreadable or malformed, too many bad samples
-EXIT_CHECKPOINT = 4  # a checkpoint cannot be written (disk full...) or none can be read
+EXIT_CHECKPOINT = 4  # a checkpoint or run file cannot be written (disk full, a planted link...)
 EXIT_SHM = 5  # /dev/shm too small for the config (shm.policy: fail)
 EXIT_WORKER = 6  # a loader worker died or hung (the error names the sample it was on)
 EXIT_DEVICE = 7  # train.device asks for a GPU this process cannot use
@@ -34,6 +35,13 @@ class RunError(Exception):
 
 
 class CheckpointError(RunError):
+    exit_code = EXIT_CHECKPOINT
+
+
+class RunFileError(RunError):
+    """A file of the run directory (metrics.jsonl, the scalar log, summary.json, the plots,
+    config.resolved.yaml) could not be written, most often for want of room: train/run_files.py."""
+
     exit_code = EXIT_CHECKPOINT
 
 
@@ -77,8 +85,12 @@ def exit_code(exc: BaseException) -> int | None:
         return exc.exit_code
     if isinstance(exc, ConfigError):
         return EXIT_CONFIG
+    if isinstance(exc, CacheSpaceError):  # a disk cache without its room: as a run file's
+        return EXIT_CHECKPOINT
     if isinstance(exc, (DatasetError, TooManyBadSamplesError)):
         return EXIT_DATA
+    if isinstance(exc, LinkRefusedError):  # a link at a name the run writes (datasets.safe_files)
+        return EXIT_CHECKPOINT
     return None
 
 

@@ -26,6 +26,7 @@ import json
 import sys
 from pathlib import Path
 
+from datasets.safe_files import write_atomic
 from train.errors import EXIT_CONFIG
 
 
@@ -132,7 +133,7 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         out = model.run_dir / "eval" / f"{model.checkpoint.name}.json"
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        write_atomic(out, text)  # a link at that name is refused, not followed
         print(f"written: {out}", file=sys.stderr)
     return 0
 

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+from datasets.safe_files import refuse_link
 from train.evaluate import add_model_arguments
 
 FORMATS = {"paddle-inference": "paddle", "pdparams": "paddle", "onnx": "torch"}
@@ -37,14 +41,26 @@ def export(model, config, fmt: str, out: Path) -> list[Path]:
     backend = inference.load_backend(model, config, labels)
     out.mkdir(parents=True, exist_ok=True)
     task = tasks.get(config.task)
-    files = backend.export(out, fmt, task.input_shape(config.data), task.pad_value())
-    files += inference.write_contract(out, config, labels)
-    spec_path = out / inference.CONTRACT_FILE
-    spec = json.loads(spec_path.read_text(encoding="utf-8"))
-    spec.update(format=fmt, checkpoint=str(model.checkpoint), files=[f.name for f in files])
-    spec_path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    # The frameworks' writers open their files by name and follow links: they write into a new
+    # folder of the process's own, and each file is then renamed into ``out``, after checking
+    # that no name it takes there is a link (one planted there is refused, never written through).
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        files = backend.export(staging, fmt, task.input_shape(config.data), task.pad_value())
+        files += inference.write_contract(staging, config, labels)
+        spec_path = staging / inference.CONTRACT_FILE
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        spec.update(format=fmt, checkpoint=str(model.checkpoint), files=[f.name for f in files])
+        spec_path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
+        written = sorted(staging.iterdir())
+        for path in written:
+            refuse_link(out / path.name)
+        for path in written:
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     backend.shutdown()
-    return files
+    return [out / f.name for f in files]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from datasets.safe_files import write_atomic
+
 if TYPE_CHECKING:  # numpy is imported where used: scripts/fetch_ppocrv4.py runs on a bare Python
     import numpy as np
 
@@ -132,7 +134,4 @@ def write_dictionary(characters: list[str], path: str | Path) -> Path:
     data.use_space_char: true, as in PaddleOCR's ppocr_keys_v1.txt)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text("".join(c + "\n" for c in characters), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_atomic(path, "".join(c + "\n" for c in characters))  # never through a link

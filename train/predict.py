@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.safe_files import write_atomic
+
 
 class Model:
     """A model to predict with: its contract (train/inference.py), its labels, and
@@ -110,7 +112,7 @@ def _predict_command(args: argparse.Namespace) -> int:
         lines.append(f"{name}\t{text}\t{score:.6f}" + (f"\t{label}" if labelled else ""))
     text = "\n".join(lines) + "\n"
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_atomic(args.out, text)  # a link at that name is refused, not followed
     sys.stdout.write(text)
     if labelled:
         correct = sum(prediction == label for _, prediction, _, label in labelled)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+
+from datasets.safe_files import write_atomic
+from train import run_files
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -22,6 +26,19 @@ def summary_table(summary: dict) -> str:
         lines.append(f"{key:<{width}}  {shown}")
     lines.append(lines[0])
     return "\n".join(lines)
+
+
+def _save(fig, path: Path) -> None:
+    """The figure as PNG, written through a rename that refuses a link at ``path``. The plots
+    are drawn last, from metrics.jsonl: one that cannot be written (disk full...) ends the run
+    with exit 4 like any run file, and its message says that nothing else is missing."""
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
+    run_dir = path.parent.parent
+    note = "the run itself is complete (checkpoints, metrics.jsonl, summary.json)"
+    then = f"draw the plots with python -m train.report {run_dir}"
+    with run_files.writing(path, note=note, then=then):
+        write_atomic(path, image.getvalue())
 
 
 def write_plots(run_dir: Path) -> list[Path]:
@@ -56,7 +73,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     ax.legend(loc="upper right")
     ax.set_title("loss and validation metrics")
     fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=100)
+    _save(fig, out / "loss.png")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -71,6 +88,22 @@ def write_plots(run_dir: Path) -> list[Path]:
     twin.legend(loc="upper right")
     ax.set_title("throughput and data wait")
     fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=100)
+    _save(fig, out / "throughput.png")
     plt.close(fig)
     return [out / "loss.png", out / "throughput.png"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m train.report RUN_DIR: draw the plots of a run again from its metrics.jsonl."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m train.report", description=main.__doc__)
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    plots = write_plots(args.run_dir)
+    print(f"plots: {', '.join(map(str, plots)) or 'none (no train records)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,14 +11,17 @@ the file keeps the holder's pid, host and start time for the error message only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
 
+from datasets import safe_files
 from train.errors import OutputDirLockedError
 
 LOCK_NAME = ".lock"
@@ -32,7 +35,7 @@ class RunLock:
     def acquire(self) -> RunLock:
         """Take the lock or raise OutputDirLockedError naming the holder."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open_lock_file(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -60,6 +63,26 @@ class RunLock:
                 os.ftruncate(self._fd, 0)  # no holder to name any more
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, opened (created when missing) without following a link: the holder's line
+    is written over its start, which through a link planted at ``.lock`` would truncate the
+    link's target. An existing lock file is reused, never replaced: replacing it would let a
+    second run lock the new file while the first still holds the old one. A hard link (a name
+    shared with another file) is refused for the same reason as a symbolic one."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | safe_files.NOFOLLOW, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise safe_files.LinkRefusedError(path) from None
+        raise
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode) or found.st_nlink > 1:
+        os.close(fd)
+        what = "a hard link to another file" if stat.S_ISREG(found.st_mode) else "not a file"
+        raise safe_files.LinkRefusedError(path, what)
+    return fd
 
 
 def _read_holder(fd: int) -> str:

@@ -14,6 +14,7 @@ loss they already have adds nothing there. docs/architecture.md shows how to add
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -242,13 +243,91 @@ def _ocr_problems(data) -> Iterator[Problem]:
     if len(data.image_shape) != 3:
         got = f"{len(data.image_shape)} numbers"
         yield "data.image_shape", f"expected 3 numbers [C, H, W], got {got}", "e.g. [3, 48, 320]"
+        return
+    channels, height, width = data.image_shape
+    if channels not in (1, 3):
+        problem = f"{list(data.image_shape)} has {channels} channels: lines are read as BGR (3)"
+        yield "data.image_shape", problem + " or grayscale (1)", f"use [3, {height}, {width}]"
+
+
+# The CRNN's downsampling (train/backends/common.py builds it from these): max pools halve the
+# height four times (2x2, 2x2, 2x1, 2x1) and a full-height convolution folds the rows left into
+# one; the first two pools halve the width, whose columns are then the CTC time steps.
+CRNN_HEIGHT_STRIDE = 16
+CRNN_WIDTH_STRIDE = 4
+
+
+def crnn_time_steps(image_shape) -> int:
+    """The CRNN's CTC time steps for lines [C, H, W] (a shape _crnn_problems accepts)."""
+    return image_shape[2] // CRNN_WIDTH_STRIDE
+
+
+PPOCRV4_WIDTH_STRIDE = 8  # ppocrv4_time_steps of a width that is a multiple of 8: width / 8
+
+
+def ppocrv4_time_steps(image_shape) -> int:
+    """PP-OCRv4's CTC time steps for lines [C, H, W] (train/backends/common.py's PPOCRV4_*):
+    the stem and one block halve the width with padded stride-2 convolutions (rounding up),
+    the average pool after the backbone halves it again (rounding down)."""
+    return math.ceil(math.ceil(image_shape[2] / 2) / 2) // 2
+
+
+def _ctc_length_problems(data, model: str, steps: int, stride: int) -> Iterator[Problem]:
+    """CTC aligns a label of L characters to at least L of the model's time steps (L + the
+    number of equal neighbours: a blank between each two). A max_text_length above the time
+    steps is refused: no label of that length can be aligned, its loss is infinite (torch's
+    CTCLoss zeroes it: nothing learned). Up to 2 L - 1 steps are needed only for labels of
+    repeated characters, so a shorter line is kept: PaddleOCR pairs 25 characters with
+    PP-OCRv4's 40 steps."""
+    length = data.max_text_length
+    if steps < length:
+        channels, height, width = data.image_shape
+        problem = (
+            f"{length} characters need at least {length} CTC time steps, but {model} has "
+            f"{steps} for data.image_shape {list(data.image_shape)} (width / {stride})"
+        )
+        hint = (
+            f"lower data.max_text_length to {steps}, or widen the lines: "
+            f"data.image_shape [{channels}, {height}, {stride * length}]"
+        )
+        yield "data.max_text_length", problem, hint
+
+
+def _crnn_problems(data) -> Iterator[Problem]:
+    if len(data.image_shape) != 3:
+        return  # _ocr_problems says so
+    channels, height, width = data.image_shape
+    if height % CRNN_HEIGHT_STRIDE:
+        fit = max(CRNN_HEIGHT_STRIDE, round(height / CRNN_HEIGHT_STRIDE) * CRNN_HEIGHT_STRIDE)
+        problem = (
+            f"the CRNN reduces the height {CRNN_HEIGHT_STRIDE}-fold to one row, so it must be a "
+            f"multiple of {CRNN_HEIGHT_STRIDE}, got {height} in {list(data.image_shape)}"
+        )
+        hint = f"use [{channels}, {fit}, {width}] (PaddleOCR's recognizers read 48 or 32)"
+        yield "data.image_shape", problem, hint
+        return
+    if width % CRNN_WIDTH_STRIDE:
+        fit = -(-width // CRNN_WIDTH_STRIDE) * CRNN_WIDTH_STRIDE
+        problem = (
+            f"the CRNN's CTC time steps are the width / {CRNN_WIDTH_STRIDE}, so it must be a "
+            f"multiple of {CRNN_WIDTH_STRIDE}, got {width} in {list(data.image_shape)}"
+        )
+        yield "data.image_shape", problem, f"use [{channels}, {height}, {fit}]"
+        return
+    steps = crnn_time_steps(data.image_shape)
+    yield from _ctc_length_problems(data, "the CRNN", steps, CRNN_WIDTH_STRIDE)
 
 
 def _ppocrv4_problems(data) -> Iterator[Problem]:
-    if len(data.image_shape) == 3 and tuple(data.image_shape[:2]) != (3, 48):
+    if len(data.image_shape) != 3:
+        return  # _ocr_problems says so
+    if tuple(data.image_shape[:2]) != (3, 48):
         got = list(data.image_shape)
         problem = f"ppocrv4_rec reads BGR lines 48 pixels high, got {got}"
         yield "data.image_shape", problem, f"use [3, 48, {got[-1]}] (width: up to 320 or more)"
+        return
+    steps = ppocrv4_time_steps(data.image_shape)
+    yield from _ctc_length_problems(data, "ppocrv4_rec", steps, PPOCRV4_WIDTH_STRIDE)
 
 
 OCR = Task(
@@ -256,9 +335,21 @@ OCR = Task(
     models=(
         # VGG widths of the original CRNN and two BiLSTM layers (PaddleOCR's EncoderWithRNN
         # also stacks two): ~8.5M parameters at hidden_size 256, PaddleOCR CRNN scale.
-        Model("crnn", "crnn", 9e6, CrnnWidths(stages=(64, 128, 256, 512), lstm_layers=2)),
+        Model(
+            "crnn",
+            "crnn",
+            9e6,
+            CrnnWidths(stages=(64, 128, 256, 512), lstm_layers=2),
+            problems=_crnn_problems,
+        ),
         # About 1/20 of the compute: learns the synthetic smoke data in a few hundred CPU steps.
-        Model("crnn_tiny", "crnn", 1e6, CrnnWidths(stages=(16, 32, 64, 96), lstm_layers=1)),
+        Model(
+            "crnn_tiny",
+            "crnn",
+            1e6,
+            CrnnWidths(stages=(16, 32, 64, 96), lstm_layers=1),
+            problems=_crnn_problems,
+        ),
         # PaddleOCR's released PP-OCRv4 mobile recognizer (2.7M parameters with its 6,625
         # classes), for fine-tuning from its weights: docs/ppocrv4.md. Its contract is PP-OCR's:
         # BGR, 48 high, aspect kept up to the width, right padding, (x / 255 - 0.5) / 0.5.

@@ -23,7 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-from train import stall
+from datasets.safe_files import open_append
+from train import run_files, stall
 
 log = logging.getLogger("train")
 
@@ -183,9 +184,13 @@ class Telemetry:
         self.global_batch = global_batch
         self.knobs = knobs  # the loader settings in effect, quoted in the stall warning
         self.history: list[dict] = []
-        # Held open for the whole run (closed in close()), flushed after every record.
-        self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if is_main else None  # noqa: SIM115
+        # Held open for the whole run (closed in close()), one unbuffered write per record, so
+        # that a write that fails (disk full) is cut back to whole lines (run_files.append).
+        # Opened by open_append: a link planted at metrics.jsonl is refused, not followed.
+        self._jsonl_path = run_dir / "metrics.jsonl"
+        self._jsonl = open_append(self._jsonl_path) if is_main else None
         self._scalars = scalars
+        self._scalars_dir = run_dir / "scalars"
         self._gpu = GpuMonitor(gpu_index if is_main else None)  # only rank 0 records it
         self._bar = None
         self.total_steps: int | None = None  # start_progress sets it
@@ -320,16 +325,17 @@ class Telemetry:
         if not self.is_main:
             return
         self.history.append(record)
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
+        run_files.append(self._jsonl, self._jsonl_path, (json.dumps(record) + "\n").encode())
         step = record.get("step", 0)
-        for key, value in record.items():
-            if (
-                self._scalars is not None
-                and isinstance(value, float)
-                and key not in ("step", "epoch")
-            ):
-                self._scalars.add_scalar(f"{record['type']}/{key}", value, step)
+        # The framework's writer raises the failure of its own writes (a thread's) here.
+        with run_files.writing(self._scalars_dir):
+            for key, value in record.items():
+                if (
+                    self._scalars is not None
+                    and isinstance(value, float)
+                    and key not in ("step", "epoch")
+                ):
+                    self._scalars.add_scalar(f"{record['type']}/{key}", value, step)
         text = " ".join(_fmt(k, v) for k, v in record.items() if k != "type")
         message = f"[{record['type']}] {text}"
         if self._bar is not None:
@@ -341,9 +347,12 @@ class Telemetry:
         if self._bar is not None:
             self._bar.close()
         if self._jsonl is not None:
-            self._jsonl.close()
+            os.close(self._jsonl)
+            self._jsonl = None
         if self._scalars is not None:
-            self._scalars.close()
+            scalars, self._scalars = self._scalars, None
+            with run_files.writing(self._scalars_dir):
+                scalars.close()  # writes what the framework's writer still buffers
 
 
 def _fmt(key: str, value) -> str:

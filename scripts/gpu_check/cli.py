@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     report = skeleton(plan, work, check_names())
     report["budget_s"] = budget
     only = [p for p in args.only.split(",") if p]
-    stem = "gpu_check" + ("-only" if only else "")  # a tail's reports beside the full run's
-    paths = (work / f"{stem}.json", work / f"{stem}.md")
+    paths = report_paths(work, only)
     report["report_md"] = str(paths[1])
     code = run(report, plan, work, budget, paths, started, only, args, interpreters(args))
     report["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -136,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     if temporary and code == 0 and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return code
+
+
+def report_paths(work: Path, only: list[str]) -> tuple[Path, Path]:
+    """The JSON and the Markdown table; a tail's (--only) beside the full run's, not over them."""
+    stem = "gpu_check" + ("-only" if only else "")
+    return work / f"{stem}.json", work / f"{stem}.md"
 
 
 def summary_lines(report: dict, paths: tuple[Path, Path]) -> str:

@@ -326,9 +326,10 @@ class ExporterBase:
 # ---------------------------------------------------------------- the CRNN, as a plan
 # The conv stack halves the height four times (pool 2x2, 2x2, 2x1, 2x1) before the last conv
 # folds what is left, and the width twice: a 48 x 320 line gives T = 80 time steps, as in
-# PaddleOCR's recognizers, room for 25-character labels with blanks between repeats.
-HEIGHT_STRIDE = 16
-WIDTH_STRIDE = 4
+# PaddleOCR's recognizers, room for 25-character labels with blanks between repeats. The
+# factors are the task's (train/tasks.py), which checks a config's image shape against them.
+HEIGHT_STRIDE = tasks.CRNN_HEIGHT_STRIDE
+WIDTH_STRIDE = tasks.CRNN_WIDTH_STRIDE
 
 
 @dataclass(frozen=True)

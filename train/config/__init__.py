@@ -35,6 +35,9 @@ Rules of the format
   after substitution, so a variable whose name looks secret (KEY, TOKEN, SECRET, PASSWORD or
   CREDENTIALS as a word of it) is refused: credentials stay in the environment of their reader.
 - Floats need a dot: PyYAML follows YAML 1.1 and reads `1e-3` as a string; write `1.0e-3`.
+- Every float field refuses NaN and infinities (`.nan`, `.inf`, `-.inf`, or nan and inf as
+  text): NaN passes every range check, an infinity is no learning rate or timeout. A field
+  for which an infinity means something says so in its type (fields.INFINITY).
 - Byte sizes take an int or a string such as 512m, 8g, 1.5GiB. Units are powers of 1024, as in
   Docker's --shm-size.
 """

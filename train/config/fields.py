@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from datasets.cache import DEFAULT_CACHE_DIR, DEFAULT_CACHE_MAX_BYTES
+from datasets.limits import MAX_IMAGE_PIXELS
 from train.config.errors import ConfigError
 
 
@@ -38,6 +39,11 @@ class Bounds:
 
 
 BYTES = "bytes"  # Annotated marker: the field also accepts size strings such as 512m or 8g
+# Annotated marker of a float field for which an infinity is a documented value (say, "no
+# limit"). Every other float field refuses both infinities, and every float field refuses NaN
+# (train/config/validate.py): NaN passes every range check, since each comparison with it is
+# false, and an infinity would reach the optimizer or a timer as a number.
+INFINITY = "infinity allowed"
 ByteSize = Annotated[int, BYTES]
 PositiveInt = Annotated[int, Bounds(low=1)]
 NonNegativeInt = Annotated[int, Bounds(low=0)]
@@ -61,7 +67,7 @@ class DataConfig:
     # An image with more pixels (read from its header, before decoding) is a bad sample of
     # kind image_too_large: 40 M fits ImageNet's largest photos and long text lines, and keeps a
     # 20000 x 20000 scan or a PNG decompression bomb from taking a worker's memory.
-    max_image_pixels: PositiveInt = 40_000_000
+    max_image_pixels: PositiveInt = MAX_IMAGE_PIXELS
     skip_keys_file: str | None = None  # keys to skip, one per line (e.g. an earlier run's)
     remote_cache_dir: str = ".cache/remote"  # where s3:// data is staged before reading
     remote_cache_max_bytes: ByteSize | None = None  # None: no limit

@@ -24,6 +24,12 @@ from train.config.validate import check
 log = logging.getLogger(__name__)
 
 RESOLVED_NAME = "config.resolved.yaml"
+# What a config may expand to: nodes counted with every alias expanded (each *name counts its
+# anchor's whole subtree again, as every walk of the loaded mapping sees it), and nesting depth.
+# Scenario files hold a few hundred nodes, a few levels deep; a "billion laughs" of 1 kB (nine
+# anchors, each a list of nine aliases of the one before) expands to 10**9 nodes.
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 100
 
 
 # ---------------------------------------------------------------- files, extends and --set
@@ -35,10 +41,67 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+def _check_expansion(text: str, source: str) -> None:
+    """Raise ConfigError if ``text`` (YAML) expands, aliases followed, to more than
+    MAX_YAML_NODES nodes or MAX_YAML_DEPTH levels, or holds an alias inside its own anchor.
+
+    Walks the parser's events, which the parser makes without recursion and without building
+    anything, and keeps one size per anchor: linear in the text however much it would expand.
+    Composing or loading first would not do: the composer recurses once per level (a few kB of
+    '[' are a RecursionError), the loaded mapping shares each anchor's subtree but every walk of
+    it (the duplicate-key check, ${NAME} substitution, the merge of extends:) does not, and a
+    recursive alias makes that walk endless."""
+    hint = "write the values out; anchors and aliases may not expand to more than this"
+    sizes: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, depth) with aliases expanded
+    open_: list[list] = []  # the collections being parsed: [anchor, nodes so far, depth below]
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_.append([event.anchor, 1, 0])
+            if len(open_) > MAX_YAML_DEPTH:
+                line = event.start_mark.line + 1
+                problem = f"nested deeper than {MAX_YAML_DEPTH} levels (line {line})"
+                raise ConfigError("", problem, "flatten the structure", source)
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, nodes, below = open_.pop()
+            depth = below + 1
+            if anchor is not None:
+                sizes[anchor] = (nodes, depth)
+        elif isinstance(event, yaml.AliasEvent):
+            if any(frame[0] == event.anchor for frame in open_):
+                line = event.start_mark.line + 1
+                problem = f"recursive alias *{event.anchor} (line {line}) inside its own anchor"
+                raise ConfigError("", problem, "an alias may only repeat a finished value", source)
+            nodes, depth = sizes.get(event.anchor, (1, 0))  # undefined: the composer says so
+        elif isinstance(event, yaml.ScalarEvent):
+            nodes, depth = 1, 0
+            if event.anchor is not None:
+                sizes[event.anchor] = (1, 0)
+        else:  # stream and document events
+            continue
+        if not open_:
+            continue
+        if len(open_) + depth > MAX_YAML_DEPTH:
+            line = event.start_mark.line + 1
+            problem = f"nested deeper than {MAX_YAML_DEPTH} levels with its aliases expanded "
+            raise ConfigError("", problem + f"(line {line})", hint, source)
+        frame = open_[-1]
+        frame[1] += nodes
+        frame[2] = max(frame[2], depth)
+        if frame[1] > MAX_YAML_NODES:
+            line = event.start_mark.line + 1
+            problem = (
+                f"expands to more than {MAX_YAML_NODES} values with its aliases followed "
+                f"(line {line}): an alias bomb"
+            )
+            raise ConfigError("", problem, hint, source)
+
+
 def _read_yaml(path: Path) -> dict:
     label = _display(path)
     try:
         text = path.read_text(encoding="utf-8")
+        _check_expansion(text, label)
         _reject_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), label)
         data = yaml.safe_load(text)
     except OSError as error:
@@ -153,6 +216,7 @@ def _apply_override(data: dict, item: str, origins: dict[str, str]) -> None:
     if not has_equals or not key:
         raise ConfigError("", "expected KEY=VALUE", "e.g. --set loader.num_workers=4", source)
     try:
+        _check_expansion(text, source)
         value = yaml.safe_load(text)
     except yaml.YAMLError:  # not valid YAML on its own (e.g. 'a: b: c'): take it as a string
         value = text
@@ -284,9 +348,14 @@ def _escape_dollars(value: Any) -> Any:
 
 
 def save_resolved(config: Config, run_dir: str | os.PathLike) -> Path:
-    """Write run_dir/config.resolved.yaml atomically, so a crash never leaves half a file."""
+    """Write run_dir/config.resolved.yaml atomically, so a crash never leaves half a file. A
+    link at that name is refused (the rename would replace it, not follow it), as at every name
+    the run writes."""
+    from datasets.safe_files import refuse_link
+
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    refuse_link(run_dir / RESOLVED_NAME)
     text = "# Every value this run used. Check: python -m train.config <this file>\n"
     # Values are stored after ${NAME} substitution; a literal "${" that remains (written $${) is
     # escaped again so that loading this file gives the same config.

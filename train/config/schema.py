@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from train import tasks  # the module: train/tasks.py imports train.config.fields, not this
 from train.config.fields import (  # noqa: F401  (re-exported: the schema's types)
     BYTES,
+    INFINITY,
     Bounds,
     ByteSize,
     DataConfig,

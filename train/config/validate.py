@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import re
 import types
 from dataclasses import MISSING
@@ -13,7 +14,15 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 
 from train import tasks
 from train.config.errors import ConfigError, show
-from train.config.schema import BYTES, Bounds, ByteSize, Config, DataConfig, required_hint
+from train.config.schema import (
+    BYTES,
+    INFINITY,
+    Bounds,
+    ByteSize,
+    Config,
+    DataConfig,
+    required_hint,
+)
 
 
 class _WrongType(ConfigError):
@@ -21,6 +30,21 @@ class _WrongType(ConfigError):
 
     def __init__(self, key: str, expected: str, value: Any, hint: str = ""):
         super().__init__(key, f"expected {expected}, got {show(value)}", hint)
+
+
+class _NotFinite(ConfigError):
+    """NaN or an infinity for a float field. Not a _WrongType: a union does not try its next
+    member, since the value was meant as a number. ``text`` is the value as written."""
+
+    def __init__(self, key: str, text: str, expected: str = "a finite number", default=None):
+        hint = f"give {expected}" + ("" if default is None else f", e.g. the default {default}")
+        hint += (
+            "; NaN passes every range check (each comparison with it is false)"
+            if "nan" in text.lower()
+            else "; an infinity is no value this key can use"
+        )
+        super().__init__(key, f"is {text}, not a finite number", hint)
+        self.text, self.expected = text, expected
 
 
 # ---------------------------------------------------------------- generic parsing over type hints
@@ -47,7 +71,11 @@ def _parse_scalar(value: Any, kind: type, key: str) -> Any:
     if kind in (bool, int, str) and type(value) is kind:  # type(), not isinstance: True is no int
         return value
     if kind is float and type(value) in (int, float):
+        if not math.isfinite(value):  # YAML's .nan, .inf and -.inf, or a float past 1.8e308
+            raise _NotFinite(key, repr(value))
         return float(value)
+    if kind is float and isinstance(value, str) and _NOT_FINITE_TEXT.fullmatch(value.strip()):
+        raise _NotFinite(key, value.strip())  # nan, inf, ... (YAML 1.1 reads them as strings)
     hint = _null_hint(value)
     if isinstance(value, bool) and kind in (int, float):
         hint = "a bool (true/false) is not a number"
@@ -63,6 +91,7 @@ def _parse_scalar(value: Any, kind: type, key: str) -> Any:
 
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_NOT_FINITE_TEXT = re.compile(r"[-+]?\.?(nan|inf|infinity)", re.IGNORECASE)
 
 
 def _null_hint(value: Any) -> str:
@@ -96,11 +125,25 @@ def _parse_choice(value: Any, choices: tuple, key: str) -> Any:
 
 def _parse_annotated(value: Any, hint: Any, key: str) -> Any:
     base, *extras = get_args(hint)
-    result = _parse_size(value, key) if BYTES in extras else _parse(value, base, key)
+    if INFINITY in extras and _is_infinity(value):
+        # The field documents what an infinity means; its bounds still apply. float() reads
+        # inf and infinity, not YAML's dotted spelling as text ('.inf', quoted).
+        result = float(value.replace(".", "")) if isinstance(value, str) else value
+    else:
+        try:
+            result = _parse_size(value, key) if BYTES in extras else _parse(value, base, key)
+        except _NotFinite as error:  # say which finite numbers the field takes
+            raise _NotFinite(key, error.text, _describe(hint)) from None
     for extra in extras:
         if isinstance(extra, Bounds):
             extra.check(result, key)
     return result
+
+
+def _is_infinity(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(_NOT_FINITE_TEXT.fullmatch(value.strip())) and "nan" not in value.lower()
+    return type(value) is float and math.isinf(value)
 
 
 _SIZE_TEXT = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
@@ -139,7 +182,12 @@ def _parse_section(value: Any, cls: type, key: str) -> Any:
             hint = tasks.get(kwargs["task"]).data
             value = {**value, name: _without_other_tasks_defaults(value.get(name), hint)}
         if name in value:
-            kwargs[name] = _parse(value[name], hint, child_key)
+            try:
+                kwargs[name] = _parse(value[name], hint, child_key)
+            except _NotFinite as error:
+                if error.key != child_key or spec.default in (MISSING, None):
+                    raise
+                raise _NotFinite(child_key, error.text, error.expected, spec.default) from None
         elif dataclasses.is_dataclass(hint):  # so errors name the missing inner key
             kwargs[name] = _parse({}, hint, child_key)
         elif spec.default is MISSING and spec.default_factory is MISSING:

@@ -33,11 +33,14 @@ def _open_tagged(data, path: str, *, train: bool, seed: int = 0, **policy):
 
 def _num_tags(model, train_set) -> int:
     """One output per tag of the data: the multi-hot labels have exactly that many."""
+    from datasets.errors import DatasetError
+
     tags = len(train_set.source.class_names)
     if model.num_classes is not None and model.num_classes != tags:
-        raise ValueError(
+        raise DatasetError(
             f"model.num_classes: {model.num_classes}, but the tagging task has one output per "
-            f"tag of the data ({tags}). HINT: remove model.num_classes"
+            f"tag of the data ({tags})",
+            "remove model.num_classes",
         )
     return tags
 

@@ -5,7 +5,8 @@ with. Framework-free except :func:`step_seconds`, which builds the model with th
 Each stage is timed where a worker runs it, with the dataset's own calls:
 - read: ``source.read`` of a record, the first time (storage) and again (the page cache), in
   wall time (a read may wait on storage);
-- decode: the image decode alone (``datasets.decode.decode_bgr``, the full image), CPU time;
+- decode: the image decode alone (``datasets.decode.decode_bgr``, the full image, under the
+  transform's pixel budget, checked from the header as training does), CPU time;
 - augment: the rest of the transform (augmentation, crop and resize, label encoding), CPU time;
 - batched: what a sample costs inside ``get_batch``, the call a worker makes per batch (the
   transform writes into the batch's rows, so it may cost less than the transform alone), CPU
@@ -32,6 +33,7 @@ import numpy as np
 
 from datasets import decode
 from datasets.dataset import SampleRng
+from datasets.errors import BadSampleError, DatasetError
 from train.cpus import usable_cores
 from train.stall import host_cpu, process_tree_cpu
 from train.tune.model import Host, StageCosts
@@ -155,8 +157,10 @@ def _cpu_timed(call, *args):
 def time_stages(dataset, batch_size: int, seed: int, seconds: float) -> StageSample:
     """Time each stage on records drawn at random from ``dataset`` (a RecordDataset with no
     cache) for about ``seconds``: per-sample stages first (16 to 512 records), then whole
-    batches as a worker makes them (2 to 32)."""
+    batches as a worker makes them (2 to 32). A bad sample (a record training would skip: an
+    image over the pixel budget is refused from its header, never decoded) is skipped here too."""
     order = np.random.default_rng(seed).permutation(len(dataset))
+    max_pixels = getattr(dataset.transform, "max_pixels", decode.MAX_IMAGE_PIXELS)
     sample = StageSample([], [], [], [], [], batch_size, 0, 0.0)
     record_bytes = []
     deadline = time.perf_counter() + seconds / 2
@@ -166,14 +170,22 @@ def time_stages(dataset, batch_size: int, seed: int, seconds: float) -> StageSam
         index = dataset._source_index(int(position))
         (data, label), read = _timed(dataset.source.read, index)
         _, reread = _timed(dataset.source.read, index)
-        _, decoded = _cpu_timed(decode.decode_bgr, data, None)
-        rng = SampleRng((seed, 0, index))
-        transformed, transform = _cpu_timed(dataset.transform, data, label, rng)
+        try:
+            _, decoded = _cpu_timed(decode.decode_bgr, data, max_pixels)
+            rng = SampleRng((seed, 0, index))
+            transformed, transform = _cpu_timed(dataset.transform, data, label, rng)
+        except BadSampleError:
+            continue
         sample.read_s.append(read)
         sample.reread_s.append(reread)
         sample.decode_s.append(decoded)
         sample.transform_s.append(transform)
         record_bytes.append(len(data))
+    if not sample.decode_s:
+        raise DatasetError(
+            "every record drawn to time the input pipeline is a bad sample",
+            "check the dataset with scripts/validate_data.py",
+        )
     sample.sample_bytes = int(sum(np.asarray(v).nbytes for v in transformed.values()))
     sample.record_bytes = statistics.fmean(record_bytes)
     deadline = time.perf_counter() + seconds / 2

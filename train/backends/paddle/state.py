@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,17 @@ from train.checkpoint import refuse_pickle
 
 STATE_FORMAT = 1
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.npz", "optimizer.npz", "state.json"
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``arrays`` as np.savez writes them (one uncompressed ZIP64 member NAME.npy each), with
+    the ZIP file closed when a write fails (disk full, the file-size limit). np.savez leaves it
+    open then: its close at garbage collection fails the same way, and Python prints that as
+    "Exception ignored" with a traceback after the run's one-line error."""
+    with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as npz:
+        for name, array in arrays.items():
+            with npz.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
 
 
 class PaddleState(common.InitFrom):
@@ -36,8 +48,8 @@ class PaddleState(common.InitFrom):
         """model.npz and optimizer.npz (tensors), state.json (everything else)."""
         directory, trainer = Path(directory), self.trainer
         model = {name: tensor.numpy() for name, tensor in trainer.net.state_dict().items()}
-        np.savez(directory / MODEL_FILE, **model)
-        np.savez(directory / OPTIMIZER_FILE, **self.optimizer_tensors())
+        _write_npz(directory / MODEL_FILE, model)
+        _write_npz(directory / OPTIMIZER_FILE, self.optimizer_tensors())
         scaler = trainer.scaler.state_dict() if trainer.scaler is not None else None
         if scaler:
             scaler["scale"] = [float(v) for v in np.ravel(scaler["scale"])]
