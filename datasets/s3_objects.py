@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from datasets.errors import DatasetError
+from datasets.safe_files import open_append, open_new, write_atomic
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -405,8 +406,8 @@ def _resume_offset(part: Path, obj: RemoteObject) -> tuple[int, Any]:
                         hasher.update(block)
             return size, hasher
     part.parent.mkdir(parents=True, exist_ok=True)
-    part.write_bytes(b"")
-    sidecar.write_text(json.dumps({"etag": obj.etag, "size": obj.size}))
+    os.close(open_new(part))  # a link planted at the name is refused, never followed
+    write_atomic(sidecar, json.dumps({"etag": obj.etag, "size": obj.size}))
     return 0, hasher
 
 
@@ -424,7 +425,7 @@ async def _stream_get(
     body = resp["Body"]
     left = obj.size - offset
     try:
-        with part.open("ab") as out:
+        with os.fdopen(open_append(part), "ab") as out:
             while chunk := await body.read(min(CHUNK, left + 1)):
                 if len(chunk) > left:
                     break

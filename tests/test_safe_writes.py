@@ -456,8 +456,6 @@ REVIEWED = {
     ("train/backends/paddle/export.py", "paddle.jit.save"): "in train/export.py's staging folder",
     ("train/export.py", "write_text"): "in its staging folder (tempfile.mkdtemp)",
     ("train/inference.py", "write_text"): "write_contract: into train/export.py's staging folder",
-    ("datasets/s3_objects.py", "write_bytes"): "not covered: the S3 staging cache's .part files",
-    ("datasets/s3_objects.py", "write_text"): "not covered: the S3 staging cache's .part files",
     ("scripts/bench_loader.py", "write_text"): "benchmark results beside the benchmark",
     ("scripts/gpu_check/checks.py", "write_text"): "in the GPU check's own new work folder",
     ("scripts/gpu_check/cli.py", "write_text"): "in the GPU check's own new work folder",
@@ -510,3 +508,24 @@ def test_every_write_site_refuses_links_or_is_reviewed():
                     found.append(f"{rel}:{node.lineno}: {kind}")
     assert found == [], "writes that follow a link at their name: " + "; ".join(found)
     assert set(REVIEWED) <= seen, f"reviewed writes that are gone: {set(REVIEWED) - seen}"
+
+
+def test_a_link_at_an_s3_staging_part_file_is_refused_and_its_target_kept(tmp_path):
+    """The S3 staging cache starts a download in ``<name>.part`` beside its ``.part.json``
+    sidecar: a link planted at either is refused, and what it points to keeps its bytes."""
+    from datasets.s3_objects import RemoteObject, _resume_offset
+
+    obj = RemoteObject("a.bin", "k/a.bin", '"0123456789abcdef0123456789abcdef"', 10, "now")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    for name in ("a.bin.part", "a.bin.part.json"):
+        stage = tmp_path / name.replace(".", "_")
+        stage.mkdir()
+        (stage / name).symlink_to(outside)
+        with pytest.raises(LinkRefusedError):
+            _resume_offset(stage / "a.bin.part", obj)
+        assert outside.read_text() == "keep me"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert _resume_offset(fresh / "a.bin.part", obj)[0] == 0  # a plain start still works
+    assert (fresh / "a.bin.part").read_bytes() == b""
