@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from train import doctor, paths
+from train.run_dirs import MARKER
 
 ROOT = Path(__file__).resolve().parent.parent
 DROP_DAC = "-dac_override,-dac_read_search"
@@ -140,6 +141,7 @@ def test_run_dir_whose_checkpoints_belong_to_another_user_fails(tmp_path, ocr_lm
     config = write_config(tmp_path, ocr_lmdb.parent)
     checkpoints = tmp_path / "runs" / "doctor" / "checkpoints"
     checkpoints.mkdir(parents=True)
+    (checkpoints.parent / MARKER).write_text("{}")  # a run directory, as training marks it
     checkpoints.chmod(0o555)
     result = run(without_dac(doctor_cmd(config), checkpoints))
     text = line(result.stdout, "output dir")
@@ -173,6 +175,7 @@ def test_resume_flags_are_accepted_and_resume_needs_a_checkpoint(tmp_path, ocr_l
     assert "--resume but it holds no checkpoint" in text and "fix: drop --resume" in text
     step = tmp_path / "runs" / "doctor" / "checkpoints" / "step-00000010"
     step.mkdir(parents=True)
+    (tmp_path / "runs" / "doctor" / MARKER).write_text("{}")
     (step / "trainer.json").write_text("{}")
     assert doctor.main(["--config", str(config), "--resume"]) == 0
     assert "holds a run (latest step-00000010)" in capsys.readouterr().out
@@ -182,6 +185,7 @@ def test_resume_flags_are_accepted_and_resume_needs_a_checkpoint(tmp_path, ocr_l
 def finished_run(tmp_path: Path, **summary) -> Path:
     run = tmp_path / "finished"
     run.mkdir()
+    (run / MARKER).write_text("{}")  # a run directory, as training marks it
     (run / "summary.json").write_text(json.dumps({"steps": 10, **summary}))
     return run
 

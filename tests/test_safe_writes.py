@@ -529,3 +529,19 @@ def test_a_link_at_an_s3_staging_part_file_is_refused_and_its_target_kept(tmp_pa
     fresh.mkdir()
     assert _resume_offset(fresh / "a.bin.part", obj)[0] == 0  # a plain start still works
     assert (fresh / "a.bin.part").read_bytes() == b""
+
+
+def test_the_doctor_fails_a_folder_training_would_refuse(tmp_path):
+    """The doctor's output-dir check is training's: a folder holding a user's files and no
+    marker FAILs with the same reason and fix; a new folder passes."""
+    from train.doctor import check_output_dir
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("years of work")
+    check, _ = check_output_dir(folder, "overwrite")
+    assert check.status == "FAIL" and ".starved-run" in check.detail, check
+    assert "--overwrite would delete them" in check.detail and "new directory" in check.fix
+    assert (folder / "thesis.tex").read_text() == "years of work"
+    check, _ = check_output_dir(tmp_path / "new-run")
+    assert check.status == "PASS", check

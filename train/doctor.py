@@ -81,8 +81,16 @@ _RUN_FILES = (
 
 
 def check_output_dir(run_dir: Path, resume: str | None = None) -> tuple[Check, WriteProbe]:
-    """The run directory, as python -m train derives it (--output-dir, else output.dir)."""
+    """The run directory, as python -m train derives it (--output-dir, else output.dir): one
+    training would take (train/run_dirs.py: new, empty or a run directory) and can write."""
+    from train import run_dirs
+    from train.config.errors import ConfigError
+
     name = "output dir"
+    try:
+        run_dirs.check(str(run_dir), overwrite=resume == "overwrite")
+    except ConfigError as error:
+        return Check(name, "FAIL", error.problem, error.hint), WriteProbe(Path(run_dir))
     probe = probe_writable(run_dir)
     if not probe.ok:
         return write_failure(name, probe, "--output-dir somewhere writable"), probe
