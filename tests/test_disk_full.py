@@ -100,9 +100,9 @@ def test_a_best_checkpoint_that_does_not_fit_keeps_the_previous_best_and_the_che
     framework, tmp_path, ocr_lmdb, four_steps
 ):
     """Evaluation and checkpoint on the same step, under a file-size limit half the model's
-    file: best/ is written first and fails. Before, best.partial stayed and the run died with
-    exit 1 and two tracebacks (torch.save's RuntimeError, then its own "unexpected pos"); Paddle's
-    np.savez also left its ZIP file open, whose close at exit printed a third."""
+    file: best/ is written first and fails. Unhandled, best.partial would stay and the run die
+    with exit 1 and two tracebacks (torch.save's RuntimeError, then its own "unexpected pos");
+    Paddle's np.savez leaves its ZIP file open, whose close at exit prints a third."""
     run_dir = tmp_path / "run"
     shutil.copytree(four_steps(framework), run_dir)
     best = run_dir / "best"
@@ -141,8 +141,8 @@ def test_a_best_checkpoint_that_does_not_fit_keeps_the_previous_best_and_the_che
 @pytest.mark.torch
 def test_a_checkpoint_past_the_file_size_limit_is_named_as_such(tmp_path, ocr_lmdb, four_steps):
     """torch.save reports a failed write as RuntimeError("file write failed"), without the
-    errno: a probe write to the partial file finds EFBIG. Before, the one line blamed the
-    RuntimeError and told to check permissions."""
+    errno: a probe write to the partial file finds EFBIG, so that the one line names the limit
+    rather than the RuntimeError (whose only fix would be a guess: permissions)."""
     run_dir = tmp_path / "run"
     shutil.copytree(four_steps("torch"), run_dir)
     full = run("torch", run_dir, ocr_lmdb, 8, *EVERY_2, flags=["--resume"], limit=(1 << 20) // 2)
@@ -159,9 +159,9 @@ def test_a_checkpoint_past_the_file_size_limit_is_named_as_such(tmp_path, ocr_lm
 @pytest.mark.torch
 def test_a_metrics_record_that_does_not_fit_ends_the_run_and_leaves_whole_lines(tmp_path, ocr_lmdb):
     """After the checkpoint of step 2, metrics.jsonl may grow by 100 bytes: the record of step 4
-    (about 300) fails part way. Before, the OSError ended the run with exit 1 and a traceback
-    (and Python's "Exception ignored" at exit, flushing the buffered line again); now the part
-    written is cut off, exit 4 names the file, and --resume appends to whole lines."""
+    (about 300) fails part way: the part written is cut off, exit 4 names the file, and
+    --resume appends to whole lines (a buffered writer would flush the half line again at exit,
+    with Python's "Exception ignored")."""
     run_dir = tmp_path / "run"
     full = run("torch", run_dir, ocr_lmdb, 8, *EVERY_2, probe=(2, "metrics.jsonl+100"))
     assert_one_line(full, f"file-size limit reached: could not write {run_dir / 'metrics.jsonl'}")
@@ -176,7 +176,7 @@ def test_a_metrics_record_that_does_not_fit_ends_the_run_and_leaves_whole_lines(
 @pytest.mark.torch
 def test_train_log_that_cannot_grow_is_one_warning_and_the_run_goes_on(tmp_path, ocr_lmdb):
     """train.log is a copy of stderr: when it cannot grow, one warning and no more writes to it
-    (before: logging's "--- Logging error ---" and a traceback for every later line). The run
+    (logging's own handling prints "--- Logging error ---" and a traceback per line). The run
     then goes on until a write it needs fails: the checkpoint of step 4 or, when the scalar
     log's writer thread meets the limit first, the scalar log; exit 4 either way."""
     run_dir = tmp_path / "run"
@@ -194,8 +194,8 @@ def test_a_plot_that_does_not_fit_ends_with_the_run_complete(tmp_path, ocr_lmdb)
     """The file-size limit set after the run's last checkpoint (step 4, evaluated first): a plot
     (tens of KB) past 8000 bytes, after summary.json (about 300) was written through the same
     run-file writer. Exit 4 naming the file, nothing partial; the run's weights are complete
-    (latest and best/), and the line says so and how to draw the plots again. Before: a
-    traceback (exit 1), and a half-written file (savefig writes in place)."""
+    (latest and best/), and the line says so and how to draw the plots again (savefig writes in
+    place: a failed one leaves half a file)."""
     limit, file = 8000, "plots/loss.png"
     run_dir = tmp_path / "run"
     full = run(
@@ -232,11 +232,11 @@ CACHE_NEEDS = "error: data.cache: disk needs 0.2"
 
 @pytest.mark.torch
 def test_a_disk_cache_on_a_volume_too_small_is_one_error_before_training(tmp_path, ocr_lmdb):
-    """data.cache: disk in a 128 KB tmpfs. Before, the cache was a sparse file of
-    data.cache_max_bytes (2 GiB), and the first write to a page the volume had no room for was a
-    SIGBUS: it killed the loader worker filling it, which the trainer reported as dead on a good
-    sample (exit 6), or the trainer itself with num_workers 0. Now its whole file is reserved at
-    start: exit 4, one line naming the folder, the need, the free space and the fix."""
+    """data.cache: disk in a 128 KB tmpfs. A sparse cache file (of data.cache_max_bytes) would
+    take a SIGBUS at the first write to a page the volume has no room for: in the loader worker
+    filling it (reported as dead on a good sample, exit 6), or in the trainer with num_workers 0.
+    Its whole file is reserved at start: exit 4, one line naming the folder, the need, the free
+    space and the fix."""
     with small_tmpfs(tmp_path / "small", 128 << 10) as disk:
         run_dir = tmp_path / "run"
         cache = [f"data.cache_dir={disk}", "data.cache=disk", "loader.num_workers=2"]
@@ -249,8 +249,8 @@ def test_a_disk_cache_on_a_volume_too_small_is_one_error_before_training(tmp_pat
 
 @pytest.mark.torch
 def test_a_disk_cache_past_the_file_size_limit_is_one_error_before_training(tmp_path, ocr_lmdb):
-    """The same under a file-size limit of 200 KB, no root needed: before, the sparse file's
-    ftruncate to 2 GiB raised EFBIG as a traceback (exit 1)."""
+    """The same under a file-size limit of 200 KB, no root needed: the reservation meets EFBIG,
+    named as the limit."""
     run_dir = tmp_path / "run"
     cache = [f"data.cache_dir={tmp_path / 'cache'}", "data.cache=disk", "loader.num_workers=2"]
     full = run("torch", run_dir, ocr_lmdb, 4, *cache, limit=200 << 10)

@@ -129,7 +129,7 @@ def test_train_steps_read_nothing_and_skip_nan_steps_on_the_device(
     uninitialized momentum): zero host reads in the steps and one in read_steps, which flags
     exactly those two; and the weights, BatchNorm statistics and optimizer state end bit for
     bit as those of a twin that trained on the six good batches alone (constant LR): the NaN
-    steps changed nothing. Before, each step read its finite flag on the host (8 reads)."""
+    steps changed nothing (a host read of each step's finite flag would make 8)."""
     data = ocr_lmdb if task == "ocr" else image_h5
     train = {"device": "cpu", "nonfinite": "skip"}
     config = make_config(framework, task, data, optim=optim, data=SMALL_IMAGES[task], train=train)
