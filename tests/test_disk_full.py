@@ -156,31 +156,31 @@ def test_a_checkpoint_past_the_file_size_limit_is_named_as_such(tmp_path, ocr_lm
     assert_resumes_from("torch", run_dir, ocr_lmdb, 4)
 
 
-@pytest.mark.torch
+@pytest.mark.paddle  # the run files' code is the same for both frameworks: run in the Paddle half
 def test_a_metrics_record_that_does_not_fit_ends_the_run_and_leaves_whole_lines(tmp_path, ocr_lmdb):
     """After the checkpoint of step 2, metrics.jsonl may grow by 100 bytes: the record of step 4
     (about 300) fails part way: the part written is cut off, exit 4 names the file, and
     --resume appends to whole lines (a buffered writer would flush the half line again at exit,
     with Python's "Exception ignored")."""
     run_dir = tmp_path / "run"
-    full = run("torch", run_dir, ocr_lmdb, 8, *EVERY_2, probe=(2, "metrics.jsonl+100"))
+    full = run("paddle", run_dir, ocr_lmdb, 8, *EVERY_2, probe=(2, "metrics.jsonl+100"))
     assert_one_line(full, f"file-size limit reached: could not write {run_dir / 'metrics.jsonl'}")
     assert_nothing_partial(run_dir)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2]
-    assert_resumes_from("torch", run_dir, ocr_lmdb, 2)
+    assert_resumes_from("paddle", run_dir, ocr_lmdb, 2)
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(r["type"], r["step"]) for r in records] == [("train", 2), ("train", 4), ("eval", 4)]
 
 
-@pytest.mark.torch
+@pytest.mark.paddle  # as above
 def test_train_log_that_cannot_grow_is_one_warning_and_the_run_goes_on(tmp_path, ocr_lmdb):
     """train.log is a copy of stderr: when it cannot grow, one warning and no more writes to it
     (logging's own handling prints "--- Logging error ---" and a traceback per line). The run
     then goes on until a write it needs fails: the checkpoint of step 4 or, when the scalar
     log's writer thread meets the limit first, the scalar log; exit 4 either way."""
     run_dir = tmp_path / "run"
-    full = run("torch", run_dir, ocr_lmdb, 8, *EVERY_2, probe=(2, "train.log+10"))
+    full = run("paddle", run_dir, ocr_lmdb, 8, *EVERY_2, probe=(2, "train.log+10"))
     line = assert_one_line(full, "file-size limit reached")
     assert "the checkpoint of step 4 does not fit" in line or str(run_dir / "scalars") in line
     warnings = [line for line in full.stderr.splitlines() if "train.log is no longer" in line]
