@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    from train.config import load_config
+    from train.config.load import load_config
     from train.tune import model, verify
     from train.tune.run import prepare, tune
 

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 from datasets.remote import is_remote
-from train.config import ConfigError, add_overrides_argument, load_config
+from train.config.errors import ConfigError
+from train.config.load import add_overrides_argument, load_config
 from train.paths import read_problem, write_problem
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,8 @@ from pathlib import Path
 from datasets.sampler import EpochSampler
 from train import tasks
 from train.backends import make_backend
-from train.config import Config, config_from_dict
+from train.config.load import config_from_dict
+from train.config.schema import Config
 
 # OCR lines 32 wide, for tests that build a model without reading the fixture's lines: the
 # CRNN's 8 CTC time steps align labels of up to 4 characters (2 L - 1 <= T).

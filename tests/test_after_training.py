@@ -262,7 +262,7 @@ def test_unknown_model_path_is_a_clear_error(tmp_path):
 
 def test_export_format_of_the_other_framework_is_a_clear_error(tmp_path, ocr_lmdb):
     from tests.backends import make_config
-    from train.config import save_resolved
+    from train.config.load import save_resolved
 
     run = tmp_path / "run"
     save_resolved(make_config("paddle", "ocr", ocr_lmdb), run)

@@ -227,7 +227,7 @@ import json, sys
 import numpy as np
 import paddle
 from train.backends import make_backend
-from train.config import config_from_dict
+from train.config.load import config_from_dict
 
 config = config_from_dict({
     "task": "classification", "framework": "paddle", "deterministic": True,

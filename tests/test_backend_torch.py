@@ -203,7 +203,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from train.backends import make_backend
-from train.config import config_from_dict
+from train.config.load import config_from_dict
 
 config = config_from_dict(json.loads(sys.argv[1]))
 backend = make_backend(config)

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 from tests.backends import build, make_config, start  # noqa: E402
 from train import checkpoint, inference  # noqa: E402
 from train.backends.torch.trainer import _check_compile_toolchain  # noqa: E402
-from train.config import save_resolved  # noqa: E402
+from train.config.load import save_resolved  # noqa: E402
 from train.errors import RunError  # noqa: E402
 from train.export import export  # noqa: E402
 

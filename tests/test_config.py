@@ -14,14 +14,9 @@ import pytest
 import yaml
 
 from train import tasks
-from train.config import (
-    RESOLVED_NAME,
-    Config,
-    ConfigError,
-    config_from_dict,
-    load_config,
-    save_resolved,
-)
+from train.config.errors import ConfigError
+from train.config.load import RESOLVED_NAME, config_from_dict, load_config, save_resolved
+from train.config.schema import Config
 from train.cpus import resolve_loader, resolve_num_workers
 from train.tasks import TASKS
 

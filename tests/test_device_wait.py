@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from train.telemetry import Telemetry, waiting_for_device
+from train.device_wait import waiting_for_device
+from train.telemetry import Telemetry
 
 STEPS = 4
 DEVICE_S = 0.05  # each fetch's wait for the device

@@ -1,6 +1,7 @@
-"""The doctor's GPU checks (train/doctor_gpu.py) on GPUs this host does not have: NVML and the
-framework probe (train/gpu_probe.py) replaced through their seams, ``gpu_probe.nvml_gpus`` and
-``gpu_probe.framework_probe_command``; and the real probe with this environment's framework.
+"""The doctor's GPU checks (train/backends/gpu_verdicts.py) on GPUs this host does not have: NVML
+and the framework probe (train/backends/gpu_probe.py) replaced through their seams,
+``gpu_probe.nvml_gpus`` and ``gpu_probe.framework_probe_command``; and the real probe with this
+environment's framework.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import sys
 
 import pytest
 
-from train import doctor, doctor_gpu, gpu_probe
-from train.config import load_config
+from train import doctor
+from train.backends import gpu_probe
+from train.backends import gpu_verdicts as doctor_gpu
+from train.config.load import load_config
 
 H200 = gpu_probe.Gpu(0, "NVIDIA H200", (9, 0), "550.54.15", "12.4")
 

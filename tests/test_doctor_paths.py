@@ -230,7 +230,7 @@ def test_run_dir_of_an_older_or_unfinished_run(tmp_path, ocr_lmdb, capsys):
 
 
 def test_run_dir_alone_checks_that_runs_config_and_directory(tmp_path, ocr_lmdb, capsys):
-    from train.config import load_config, save_resolved
+    from train.config.load import load_config, save_resolved
 
     run = finished_run(tmp_path, data_wait_fraction=0.35)
     save_resolved(load_config(write_config(tmp_path, ocr_lmdb.parent)), run)

@@ -177,7 +177,7 @@ def test_native_crash_report_does_not_need_a_real_stderr(monkeypatch):
     without the report instead of failing."""
     import io
 
-    from train.__main__ import report_native_crashes
+    from train.cli import report_native_crashes
 
     monkeypatch.setattr("sys.stderr", io.StringIO())
     report_native_crashes()

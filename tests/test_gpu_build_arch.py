@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from tests.test_doctor_gpu import H200, fake_probe, paddle_build
-from train import doctor, gpu_probe
-from train.backends import common
-from train.doctor_gpu import PADDLE_CUDA12_BASE, arch_problem, unrunnable_gpu
-from train.gpu_probe import FrameworkCuda
+from train import doctor
+from train.backends import common, gpu_probe
+from train.backends.gpu_probe import FrameworkCuda
+from train.backends.gpu_verdicts import PADDLE_CUDA12_BASE, arch_problem, unrunnable_gpu
 
 CUDA12_COMMAND = f"PADDLE_BASE_IMAGE={PADDLE_CUDA12_BASE} docker compose build train-ocr"
 A100 = gpu_probe.Gpu(0, "NVIDIA A100-SXM4-80GB", (8, 0), "550.54.15", "12.4")

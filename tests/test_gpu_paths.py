@@ -324,7 +324,7 @@ def test_device_auto_on_the_cpu_while_nvml_sees_gpus_says_so_loudly(
     framework, ocr_lmdb, monkeypatch, caplog
 ):
     pytest.importorskip(framework)
-    from train import gpu_probe
+    from train.backends import gpu_probe
 
     h200 = gpu_probe.Gpu(0, "NVIDIA H200", (9, 0), "550.54.15", "12.4")
     monkeypatch.setattr(gpu_probe, "nvml_gpus", lambda: [h200] * 8)
@@ -352,7 +352,7 @@ def test_device_gpu_with_a_cuda_build_that_sees_no_gpu_names_the_cause(
     """A CUDA build of torch (the seam: torch.version.cuda, torch.cuda.is_available) that
     cannot use the GPUs NVML sees: hidden by CUDA_VISIBLE_DEVICES, or a driver too old."""
     torch = pytest.importorskip("torch")
-    from train import gpu_probe
+    from train.backends import gpu_probe
 
     h200 = gpu_probe.Gpu(0, "NVIDIA H200", (9, 0), "535.104", driver_cuda)
     monkeypatch.setattr(gpu_probe, "nvml_gpus", lambda: [h200] * 8)

@@ -19,7 +19,8 @@ import pytest
 from tests.backends import Payload, build, make_config, start
 from tests.test_train import ROOT, run_train, train_cmd
 from train import checkpoint
-from train.config import ConfigError, config_from_dict
+from train.config.errors import ConfigError
+from train.config.load import config_from_dict
 from train.weights import InitFromError, resolve_source
 
 FRAMEWORKS = [

@@ -1,4 +1,4 @@
-"""What python -m train says of a failed loader (train.__main__.loader_report), in the cases
+"""What python -m train says of a failed loader (train.cli.loader_report), in the cases
 whose timing a training cannot set: a worker killed by a signal can still be tearing down when
 the loader notices its broken pipe, so the report waits for it to be gone (up to 3 s) and then
 names the sample it died on; a worker alive on a sample for less than hung_after_s is innocent
@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 from tests.backends import make_config, open_dataset
-from train.__main__ import loader_report
+from train.cli import loader_report
 
 
 def test_a_worker_still_tearing_down_is_named_once_it_is_gone(ocr_lmdb):

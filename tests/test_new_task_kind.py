@@ -86,7 +86,7 @@ def test_tags_are_written_read_and_batched_as_multi_hot(image_h5):
 
 
 def test_outputs_are_the_datas_tags_and_model_num_classes_cannot_change_them():
-    from train.config import ModelConfig
+    from train.config.schema import ModelConfig
 
     tagging = tasks.get("tagging")
     fake = type("D", (), {"source": type("S", (), {"class_names": list(IMAGENET_TAG_NAMES)})})

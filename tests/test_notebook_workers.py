@@ -74,7 +74,7 @@ from datasets.dataset import build_ocr_dataset
 from datasets.ocr_transforms import CharDict
 from datasets.sampler import EpochSampler
 from train.backends import make_backend
-from train.config import config_from_dict
+from train.config.load import config_from_dict
 
 config = config_from_dict({config!r})
 backend = make_backend(config)

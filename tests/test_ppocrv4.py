@@ -139,7 +139,8 @@ def test_a_wrong_or_truncated_onnx_file_gives_one_clear_error_and_writes_nothing
 
 
 def test_ppocrv4_refuses_an_input_its_weights_cannot_read(tmp_path):
-    from train.config import ConfigError, load_config
+    from train.config.errors import ConfigError
+    from train.config.load import load_config
 
     with pytest.raises(ConfigError, match="ppocrv4_rec reads BGR lines 48 pixels high"):
         load_config(
@@ -217,7 +218,7 @@ def test_fine_tuning_configs_read_the_weights_where_the_converter_writes_them(
 ):
     """With CACHE_ROOT set (the images set /cache) the configs take the weights from
     CACHE_ROOT/ppocrv4, where scripts/fetch_ppocrv4.py caches and convert_weights.py writes."""
-    from train.config import load_config
+    from train.config.load import load_config
 
     monkeypatch.setenv("CACHE_ROOT", str(tmp_path))
     monkeypatch.delenv("PPOCRV4_CACHE", raising=False)
@@ -337,7 +338,7 @@ def test_evaluating_the_released_weights_reads_what_paddleocr_reads(
     from datasets.lmdb_ocr import LmdbOcrSource, LmdbOcrWriter
     from datasets.synthetic import LATIN, ocr_samples, write_all
     from train import tasks
-    from train.config import load_config
+    from train.config.load import load_config
     from train.evaluate import evaluate
     from train.inference import labels_of, load_weights
     from train.metrics import ctc_greedy_decode

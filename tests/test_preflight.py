@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from train import preflight
-from train.config import load_config
+from train.config.load import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 2**20

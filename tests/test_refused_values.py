@@ -23,8 +23,10 @@ import pytest
 
 from datasets.errors import DatasetError
 from train import tasks
-from train.config import Config, ConfigError, config_from_dict
+from train.config.errors import ConfigError
 from train.config.fields import INFINITY, Bounds
+from train.config.load import config_from_dict
+from train.config.schema import Config
 from train.config.validate import _parse, _type_hints
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +106,7 @@ def test_a_float_past_the_largest_double_is_an_infinity_and_refused(tmp_path):
         "task: classification\nframework: torch\ndata: {train: t.h5}\n"
         "train: {dist_timeout_s: 1.0e+400}\n"
     )
-    from train.config import load_config
+    from train.config.load import load_config
 
     with pytest.raises(ConfigError, match=r"train\.dist_timeout_s: is inf, not a finite"):
         load_config(path)

@@ -211,7 +211,7 @@ def _write_metrics(run: Path) -> None:
 
 
 def _write_log(run: Path) -> None:
-    from train.__main__ import setup_logging
+    from train.cli import setup_logging
 
     handlers = logging.getLogger().handlers[:]
     try:
@@ -221,7 +221,7 @@ def _write_log(run: Path) -> None:
 
 
 def _write_resolved_config(run: Path) -> None:
-    from train.config import load_config, save_resolved
+    from train.config.load import load_config, save_resolved
 
     save_resolved(load_config(str(ROOT / "configs/ocr/smoke.yaml"), []), run)
 
@@ -291,7 +291,7 @@ def test_export_refuses_a_link_in_its_output_folder(tmp_path, monkeypatch):
     """The frameworks' writers (torch.onnx.export, paddle.jit.save) open their files by name;
     the stand-in writes as they do. A link at one of those names is refused, its target kept."""
     from train import export, inference
-    from train.config import load_config
+    from train.config.load import load_config
 
     class Exporter:
         def export(self, directory, fmt, input_shape, pad):
@@ -449,7 +449,7 @@ WRITE_MODES = set("wax+")
 # open(..., "w"), FileHandler, savefig or framework save to a path) fails the test below: use
 # datasets.safe_files (open_new, open_append, write_atomic, refuse_link) instead.
 REVIEWED = {
-    ("train/__main__.py", "open(w)"): "os.devnull, for faulthandler",
+    ("train/cli.py", "open(w)"): "os.devnull, for faulthandler",
     ("train/backends/paddle/state.py", "write_text"): "in the checkpoint's new .partial folder",
     ("train/backends/torch/state.py", "torch.save"): "in the checkpoint's new .partial folder",
     ("train/backends/paddle/export.py", "paddle.save"): "in train/export.py's staging folder",

@@ -4,7 +4,7 @@ interrupted thread's normal stack writes its frame over the heap and glibc abort
 ("corrupted size vs. prev_size while consolidating"), which a SIGTERM to a torch OCR trainer
 on the CPU can meet (https://github.com/uxlfoundation/oneDNN/issues/4845). The trainer's
 main thread handles its stop signals on faulthandler's alternate signal stack
-(train.__main__.report_native_crashes), which CPython's handlers use (SA_ONSTACK);
+(train.cli.report_native_crashes), which CPython's handlers use (SA_ONSTACK);
 tests/probes/signal_frames_probe.py reproduces both sides with an LSTM and a SIGUSR1 every
 half millisecond."""
 

@@ -12,7 +12,8 @@ import pytest
 
 from train import tasks
 from train.backends.common import LoaderKnobs, amp_dtype, crnn_plan, pad_top_k, stack_samples
-from train.config import Config, LoaderConfig, ModelConfig, config_from_dict
+from train.config.load import config_from_dict
+from train.config.schema import Config, LoaderConfig, ModelConfig
 
 
 def test_model_names_are_listed_once_and_the_config_takes_them_from_the_spec():

@@ -171,7 +171,7 @@ import json, random, sys
 import numpy as np
 import torch
 from train.backends import make_backend
-from train.config import config_from_dict
+from train.config.load import config_from_dict
 
 config = config_from_dict(json.loads(sys.argv[1]))
 directory = sys.argv[2]

@@ -31,7 +31,8 @@ from datasets.lmdb_ocr import MAX_LABEL_BYTES, LmdbOcrSource, LmdbOcrWriter
 from datasets.ocr_transforms import CharDict
 from datasets.synthetic import LATIN, encode_image, imagenet_like, ocr_samples, write_all
 from tests.test_pixel_budget import png_bomb
-from train.config import ConfigError, load_config
+from train.config.errors import ConfigError
+from train.config.load import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20

@@ -3,13 +3,14 @@
 `make test` runs every test. `make test-quick` runs the unit tier, the tests not listed in
 tests/slow_tests.txt, for the inner loop of an edit: the listed ones are those that took at least
 SLOW_S seconds in a full run (end-to-end trainings in subprocesses, multi-rank launches, real
-servers and containers). conftest.py marks them `slow`. Regenerate the list from the JUnit XML
-files that `make test` writes:
+servers and containers). conftest.py marks them `slow`. Regenerate the list, and the measured
+tables of docs/testing.md (each half's time, the slow tier's share, the slowest tests; the region
+between its MEASURED_BEGIN and MEASURED_END lines, nothing else), from the JUnit XML files that
+`make test` writes:
 
     python -m tests.tiers .cache/test-reports/torch.xml .cache/test-reports/paddle.xml
 
-and the table of docs/testing.md (each half's time, the slow tier's share, the slowest tests) with
-``python -m tests.tiers --table`` and the same files.
+``python -m tests.tiers --table`` and the same files prints the tables and writes nothing.
 
 A new test is in the quick tier until the list is regenerated; the quick tier's own time is
 printed by pytest, and the slowest tests of each half by `make test` (--durations).
@@ -23,6 +24,10 @@ from pathlib import Path
 
 SLOW_S = 3.0
 LIST = Path(__file__).with_name("slow_tests.txt")
+DOC = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
+# The region of DOC that main() rewrites (the marker lines themselves stay).
+MEASURED_BEGIN = "<!-- measured:begin (python -m tests.tiers writes this region) -->"
+MEASURED_END = "<!-- measured:end -->"
 HEADER = (
     "# Tests that took >= {slow:g} s in a full `make test` (both halves; seconds, node id):\n"
     "# `make test-quick` leaves them out. Made by: python -m tests.tiers "
@@ -85,6 +90,29 @@ def table(reports: list[Path], top: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measured_region(text: str) -> tuple[int, int]:
+    """The start and end offsets of what lies between the marker lines of ``text``; ValueError
+    naming the problem unless each marker is there once, on a line of its own, begin first."""
+    lines = text.splitlines(keepends=True)
+    found = {}
+    for marker in (MEASURED_BEGIN, MEASURED_END):
+        at = [i for i, line in enumerate(lines) if line.strip() == marker]
+        if len(at) != 1:
+            raise ValueError(f"{len(at)} lines read {marker!r}; there must be exactly one")
+        found[marker] = at[0]
+    begin, end = found[MEASURED_BEGIN], found[MEASURED_END]
+    if begin > end:
+        raise ValueError(f"{MEASURED_END!r} comes before {MEASURED_BEGIN!r}")
+    return sum(map(len, lines[: begin + 1])), sum(map(len, lines[:end]))
+
+
+def with_measured(text: str, tables: str) -> str:
+    """``text`` with the region between its marker lines replaced by ``tables`` (set off by a
+    blank line on each side); everything else, the markers included, byte for byte."""
+    start, end = measured_region(text)
+    return text[:start] + "\n" + tables.strip("\n") + "\n\n" + text[end:]
+
+
 def unreadable(reports: list[Path]) -> str | None:
     """Why one of ``reports`` cannot be read as a JUnit XML report, or None."""
     for report in reports:
@@ -117,10 +145,22 @@ def main(argv: list[str]) -> int:
     if as_table:
         print(table(reports), end="")
         return 0
+    try:  # the doc's new text before anything is written: a doc without markers changes nothing
+        doc = with_measured(DOC.read_text(encoding="utf-8"), table(reports))
+    except (OSError, ValueError) as error:
+        print(
+            f"error: {DOC}: {error}. HINT: the measured tables go between a line "
+            f"{MEASURED_BEGIN} and a line {MEASURED_END}; nothing was written",
+            file=sys.stderr,
+        )
+        return 2
     slow = slow_tests(reports, SLOW_S)
     body = "".join(f"{t:7.1f}  {nid}\n" for nid, t in slow.items())
     LIST.write_text(HEADER.format(slow=SLOW_S) + body, encoding="utf-8")
     print(f"{LIST}: {len(slow)} slow tests, {sum(slow.values()):.0f} s of them")
+    if doc != DOC.read_text(encoding="utf-8"):
+        DOC.write_text(doc, encoding="utf-8")
+    print(f"{DOC}: the measured tables of {', '.join(str(r) for r in reports)}")
     return 0
 
 

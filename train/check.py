@@ -1,7 +1,7 @@
 """One line of the doctor's report: what was checked, PASS/WARN/FAIL, what was found, the fix.
 
-Its own module so that the doctor (train/doctor.py) and its GPU checks (train/doctor_gpu.py),
-which the doctor imports, share it without importing each other.
+Its own module so that the doctor (train/doctor.py) and its GPU checks
+(train/backends/gpu_verdicts.py), which the doctor imports, share it without importing each other.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def resolve_loader(config, local_world_size: int = 1, cpu_count: int | None = None):
-    """``config`` (a train.config.Config) with loader.num_workers a count, and the reason to log.
+    """``config`` (a train.config.schema.Config) with loader.num_workers a count, and the reason to log.
 
     Resolved once, here: the loaders, the /dev/shm plan, the telemetry and the doctor read the
     count from the returned config's ``loader`` section and never see "auto".

@@ -27,11 +27,11 @@ import shutil
 import sys
 from pathlib import Path
 
-# The path probes are in train/paths.py; the GPU checks in train/doctor_gpu.py, on the facts
-# that train/gpu_probe.py gathers.
+# The path probes are in train/paths.py; the GPU checks in train/backends/gpu_verdicts.py, on
+# the facts that train/backends/gpu_probe.py gathers.
 from train import preflight, tasks
+from train.backends.gpu_verdicts import check_gpu
 from train.check import Check
-from train.doctor_gpu import check_gpu
 from train.paths import (
     RUN_AS_OWNER,
     WriteProbe,
@@ -369,7 +369,7 @@ def render(checks: list[Check]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from train.config import add_overrides_argument
+    from train.config.load import add_overrides_argument
 
     parser = argparse.ArgumentParser(
         prog="python -m train.doctor",
@@ -406,7 +406,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.config import RESOLVED_NAME, ConfigError, load_config
+    from train.config.errors import ConfigError
+    from train.config.load import RESOLVED_NAME, load_config
     from train.stall import tune_command
 
     parser = _parser()

@@ -33,7 +33,7 @@ from train.errors import EXIT_CONFIG
 def add_model_arguments(parser: argparse.ArgumentParser, weights: bool = False) -> None:
     """--checkpoint | --run (| --weights), --config and --set: how train.evaluate and
     train.export name the model and its config."""
-    from train.config import add_overrides_argument
+    from train.config.load import add_overrides_argument
 
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", help="a checkpoint directory (RUN/best, RUN/checkpoints/…)")
@@ -85,15 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--weights needs --config: the model to load the weights into")
 
     from train import inference
-    from train.__main__ import setup_logging
+    from train.cli import run_command, setup_logging
 
     setup_logging(None, True)
-    return inference.run_command(lambda: _evaluate_command(args))
+    return run_command(unusable=inference.UNUSABLE_MODEL, body=lambda: _evaluate_command(args))
 
 
 def _evaluate_command(args: argparse.Namespace) -> int:
     from train import inference, tasks
-    from train.config import load_config
+    from train.config.load import load_config
     from train.cpus import resolve_loader
 
     if args.weights:

@@ -48,7 +48,7 @@ def export(model, config, fmt: str, out: Path) -> list[Path]:
     try:
         files = backend.export(staging, fmt, task.input_shape(config.data), task.pad_value())
         files += inference.write_contract(staging, config, labels)
-        spec_path = staging / inference.CONTRACT_FILE
+        spec_path = staging / tasks.CONTRACT_FILE
         spec = json.loads(spec_path.read_text(encoding="utf-8"))
         spec.update(format=fmt, checkpoint=str(model.checkpoint), files=[f.name for f in files])
         spec_path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from train import inference
-    from train.__main__ import setup_logging
+    from train.cli import run_command, setup_logging
 
     setup_logging(None, True)
-    return inference.run_command(lambda: _export_command(args))
+    return run_command(unusable=inference.UNUSABLE_MODEL, body=lambda: _export_command(args))
 
 
 def _export_command(args: argparse.Namespace) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from train import checkpoint, tasks
+from train.config.load import RESOLVED_NAME
+from train.tasks import CONTRACT_FILE, TAG_SEPARATOR
 
-CONTRACT_FILE = "preprocess.json"
-DICT_FILE = "dict.txt"  # OCR: one character per line, PaddleOCR's rec_char_dict_path format
-CLASSES_FILE = "classes.txt"  # ResNet: one class name per line, by class id
-RESOLVED_CONFIG = "config.resolved.yaml"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
@@ -42,41 +39,10 @@ class InferenceError(Exception):
     fix after HINT:."""
 
 
-def run_command(body: Callable[[], int]) -> int:
-    """``body()``, the work of train.evaluate, train.export or train.predict, with a failure of
-    a known kind printed (its message names the fix) and returned as the exit code python -m
-    train gives that kind (train/errors.py): 2 config, 3 data (a record that does not decode
-    included), 4 a model or checkpoint that cannot be used. Anything else is a bug and keeps
-    its traceback."""
-    from train.__main__ import one_line
-    from train.errors import EXIT_CONFIG, EXIT_DATA
-
-    try:
-        return body()
-    except Exception as exc:
-        code = _exit_code(exc)
-        if code is None:
-            raise
-        if code == EXIT_CONFIG:
-            print(exc, file=sys.stderr)  # one line already, with its file and key
-        else:
-            print(f"error: {one_line(exc) if code == EXIT_DATA else exc}", file=sys.stderr)
-        return code
-
-
-def _exit_code(exc: Exception) -> int | None:
-    from datasets.errors import BadSampleError
-    from train.errors import EXIT_CHECKPOINT, EXIT_DATA, exit_code
-
-    code = exit_code(exc)  # config (a ValueError: first), data, checkpoint, ...
-    if code is not None:
-        return code
-    if isinstance(exc, BadSampleError):  # an input to predict that does not decode
-        return EXIT_DATA
-    # ValueError, FileNotFoundError: what the frameworks raise for weights they cannot read.
-    if isinstance(exc, (InferenceError, ValueError, FileNotFoundError)):
-        return EXIT_CHECKPOINT
-    return None
+# What train.evaluate, train.export and train.predict report as a model they cannot use (exit 4,
+# train.cli.run_command): ValueError and FileNotFoundError are what the frameworks raise for
+# weights they cannot read.
+UNUSABLE_MODEL = (InferenceError, ValueError, FileNotFoundError)
 
 
 # ---------------------------------------------------------------- checkpoints and their runs
@@ -114,9 +80,9 @@ _CHECKPOINT_HINT = (
 def run_config(model: TrainedModel, config_path: str | None = None, overrides=()):
     """The config of the run that wrote ``model`` (or ``config_path``), with ``overrides``.
     model.init_from is dropped: its weights are in the checkpoint, and its file may be gone."""
-    from train.config import load_config
+    from train.config.load import load_config
 
-    path = Path(config_path) if config_path else model.run_dir / RESOLVED_CONFIG
+    path = Path(config_path) if config_path else model.run_dir / RESOLVED_NAME
     if not path.is_file():
         raise InferenceError(
             f"{path} not found. HINT: pass --config with the scenario the run was trained with"
@@ -231,9 +197,6 @@ def _decode_top_class(probabilities: np.ndarray, labels: list[str]) -> list[tupl
         top = int(probs.argmax())
         results.append((labels[top], float(probs[top])))
     return results
-
-
-TAG_SEPARATOR = ","  # between the names of a multi-label prediction's tags
 
 
 def _decode_tags(probabilities: np.ndarray, labels: list[str]) -> list[tuple[str, float]]:

@@ -81,7 +81,7 @@ def predict(model: Model, inputs, batch_size: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.config import add_overrides_argument
+    from train.config.load import add_overrides_argument
 
     parser = argparse.ArgumentParser(
         prog="python -m train.predict",
@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from train import inference
+    from train.cli import run_command
 
-    return inference.run_command(lambda: _predict_command(args))
+    return run_command(unusable=inference.UNUSABLE_MODEL, body=lambda: _predict_command(args))
 
 
 def _predict_command(args: argparse.Namespace) -> int:

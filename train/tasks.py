@@ -44,6 +44,14 @@ def class_name(label, labels: Sequence[str]):
     return label
 
 
+# The files an export writes beside the weights (train/inference.py writes them, each task's
+# contract names its own): the preprocessing contract, and the labels by output id.
+CONTRACT_FILE = "preprocess.json"
+DICT_FILE = "dict.txt"  # OCR: one character per line, PaddleOCR's rec_char_dict_path format
+CLASSES_FILE = "classes.txt"  # an image task: one class (or tag) name per line, by id
+TAG_SEPARATOR = ","  # between the names of a multi-label prediction's tags
+
+
 @dataclass(frozen=True)
 class CrnnWidths:
     """Output channels of the four conv stages, and how many BiLSTM layers read the sequence."""
@@ -199,8 +207,6 @@ def _ocr_pad_pixel() -> int:
 
 
 def _ocr_contract(config) -> dict:
-    from train.inference import DICT_FILE
-
     channels, height, width = config.data.image_shape
     return {
         "image_shape": [channels, height, width],
@@ -417,8 +423,6 @@ def class_names(config) -> list[str]:
 
 
 def image_contract(config) -> dict:
-    from train.inference import CLASSES_FILE
-
     size, resize = config.data.image_size, config.data.eval_resize
     return {
         "image_size": size,
@@ -470,7 +474,9 @@ def _registered(built_in: tuple[Task, ...]) -> dict[str, Task]:
     import importlib
     import pkgutil
 
-    from train import task_modules
+    # By name, not an import statement: the task modules import this one (they are a layer
+    # above it), and the registry finds them as plugins.
+    task_modules = importlib.import_module("train.task_modules")
 
     found = list(built_in)
     for module in sorted(pkgutil.iter_modules(task_modules.__path__), key=lambda m: m.name):

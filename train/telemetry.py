@@ -14,43 +14,21 @@ sentence).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 from datasets.safe_files import open_append
 from train import run_files, stall
+from train.device_wait import DEVICE_WAITS
 
 log = logging.getLogger("train")
 
+
 STALL_WINDOWS = 3  # consecutive high-wait windows before the warning
-
-
-class _DeviceWaits(threading.local):
-    """This thread's seconds blocked in ``waiting_for_device`` so far: wall and own CPU time."""
-
-    wall_s = 0.0
-    cpu_s = 0.0
-
-
-_DEVICE_WAITS = _DeviceWaits()
-
-
-@contextlib.contextmanager
-def waiting_for_device():
-    """Around a host wait for the training device inside a loader's ``next``: Telemetry.timed
-    counts it as device wait, not as data wait. Per thread, like the fetch it is part of."""
-    start, cpu = time.perf_counter(), time.thread_time()
-    try:
-        yield
-    finally:
-        _DEVICE_WAITS.wall_s += time.perf_counter() - start
-        _DEVICE_WAITS.cpu_s += time.thread_time() - cpu
 
 
 class _FetchTimer:
@@ -59,11 +37,11 @@ class _FetchTimer:
 
     def __init__(self) -> None:
         self.wall, self.cpu = time.perf_counter(), time.thread_time()
-        self.device_wall, self.device_cpu = _DEVICE_WAITS.wall_s, _DEVICE_WAITS.cpu_s
+        self.device_wall, self.device_cpu = DEVICE_WAITS.wall_s, DEVICE_WAITS.cpu_s
 
     def add_to(self, window: dict) -> None:
-        device_wall = _DEVICE_WAITS.wall_s - self.device_wall
-        device_cpu = _DEVICE_WAITS.cpu_s - self.device_cpu
+        device_wall = DEVICE_WAITS.wall_s - self.device_wall
+        device_cpu = DEVICE_WAITS.cpu_s - self.device_cpu
         window["device_wait_s"] += device_wall
         window["wait_s"] += time.perf_counter() - self.wall - device_wall
         window["wait_cpu_s"] += time.thread_time() - self.cpu - device_cpu

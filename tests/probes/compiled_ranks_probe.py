@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from datasets.synthetic import LATIN  # noqa: E402
 from train.backends import make_backend  # noqa: E402
-from train.config import load_config  # noqa: E402
+from train.config.load import load_config
 
 # The shapes of tests/test_compile.py's training (configs/ocr/smoke.yaml's image_shape, its batch
 # of 8, the blank and the 62 characters of its Latin charset): torch compiles the same graph

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from datasets.sampler import EpochSampler  # noqa: E402
 from train import tasks  # noqa: E402
 from train.backends import make_backend  # noqa: E402
-from train.config import load_config  # noqa: E402
+from train.config.load import load_config
 from train.loop import evaluate  # noqa: E402
 from train.metrics import OcrMetric  # noqa: E402
 

@@ -43,7 +43,7 @@ while os.getppid() == pid:
 def main() -> int:
     seconds, mode = float(sys.argv[1]), sys.argv[2]
     if mode.startswith("trainer"):
-        from train.__main__ import report_native_crashes
+        from train.cli import report_native_crashes
 
         if mode == "trainer-nofd":
             sys.stderr = io.StringIO()  # a notebook's stream: faulthandler cannot write to it

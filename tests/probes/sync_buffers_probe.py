@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from train.backends import make_backend  # noqa: E402
-from train.config import load_config  # noqa: E402
+from train.config.load import load_config
 
 
 def running_statistics(backend, framework: str) -> list:

@@ -32,10 +32,11 @@ from typing import Any
 import numpy as np
 
 from datasets.batch_ring import RingTicket
-from train import gpu_probe, tasks, weights
+from train import tasks, weights
+from train.backends import gpu_probe
 from train.backends.base import DeviceUnavailableError, DistInfo
-from train.doctor_gpu import no_cuda_reason, unrunnable_gpu
-from train.gpu_probe import FrameworkCuda
+from train.backends.gpu_probe import FrameworkCuda
+from train.backends.gpu_verdicts import no_cuda_reason, unrunnable_gpu
 from train.tasks import CrnnWidths
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def choose_gpu(wanted: str, cuda: FrameworkCuda) -> bool:
     in this process says (its build, the GPUs it can use). gpu without a usable one raises
     DeviceUnavailableError with the reason (a CPU build, CUDA_VISIBLE_DEVICES, a driver too
     old, no GPU visible) and its fix; so does gpu or auto with a GPU the build cannot run on
-    (train/doctor_gpu.py's unrunnable_gpu, the doctor's FAIL: NVML's compute capability
+    (train/backends/gpu_verdicts.py's unrunnable_gpu, the doctor's FAIL: NVML's compute capability
     against the build), which needs another image, not the CPU. auto without a usable GPU
     falls back to the CPU, with a loud warning when the driver (NVML) sees GPUs the framework
     cannot use: they would idle all run."""
@@ -108,7 +109,7 @@ class LoaderKnobs:
 
     @classmethod
     def of(cls, loader_config, train: bool) -> LoaderKnobs:
-        """``loader_config`` is a train.config.LoaderConfig whose num_workers is resolved
+        """``loader_config`` is a train.config.schema.LoaderConfig whose num_workers is resolved
         (train.cpus.resolve_loader)."""
         if not isinstance(loader_config.num_workers, int):
             raise ValueError(

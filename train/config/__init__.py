@@ -11,8 +11,9 @@ One module per concern: ``schema`` (the dataclasses: every field, its type, its 
 doc; ``data:`` is the task's own data section, Task.data, which extends ``fields``' DataConfig),
 ``validate`` (checking a mapping against the schema's type hints, then across fields), ``load``
 (YAML files, ``extends:``, ``--set``, ``${NAME}`` and the resolved file a run writes), ``errors``
-(the one-line ConfigError). Import from the package: ``from train.config import
-load_config, Config, ConfigError``.
+(the one-line ConfigError). Import from the module that defines a name (``from
+train.config.load import load_config``): the package re-exports nothing, so that a reader of
+``fields`` (the tasks) does not load the whole loader, which reads the tasks.
 
 Rules of the format
 - The schema is the dataclasses in schema.py. Parsing walks their type hints, so a new knob is
@@ -41,43 +42,3 @@ Rules of the format
 - Byte sizes take an int or a string such as 512m, 8g, 1.5GiB. Units are powers of 1024, as in
   Docker's --shm-size.
 """
-
-from train.config.errors import ConfigError
-from train.config.load import (
-    RESOLVED_NAME,
-    add_overrides_argument,
-    config_from_dict,
-    deep_merge,
-    load_config,
-    overrides_mapping,
-    save_resolved,
-)
-from train.config.schema import (
-    Config,
-    DataConfig,
-    LoaderConfig,
-    ModelConfig,
-    OptimConfig,
-    OutputConfig,
-    ShmConfig,
-    TrainConfig,
-)
-
-__all__ = [
-    "RESOLVED_NAME",
-    "Config",
-    "ConfigError",
-    "DataConfig",
-    "LoaderConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "OutputConfig",
-    "ShmConfig",
-    "TrainConfig",
-    "add_overrides_argument",
-    "config_from_dict",
-    "deep_merge",
-    "load_config",
-    "overrides_mapping",
-    "save_resolved",
-]

@@ -9,7 +9,8 @@ import sys
 
 import yaml
 
-from train.config import ConfigError, add_overrides_argument, load_config
+from train.config.errors import ConfigError
+from train.config.load import add_overrides_argument, load_config
 from train.cpus import resolve_loader
 
 

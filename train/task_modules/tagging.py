@@ -10,7 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.metrics import MultiLabelMetric
-from train.tasks import ImageData, Model, Task, image_contract, image_problems, prepare_image
+from train.tasks import (
+    TAG_SEPARATOR,
+    ImageData,
+    Model,
+    Task,
+    image_contract,
+    image_problems,
+    prepare_image,
+)
 
 # The sample-size estimate's tag count when data.train is not a local file yet (s3://, staged
 # later); the estimate only sizes /dev/shm, and the loop measures a real sample before it.
@@ -55,8 +63,6 @@ def _tag_names(config) -> list[str]:
 
 
 def _contract(config) -> dict:
-    from train.inference import TAG_SEPARATOR
-
     return {
         **image_contract(config),
         "output": "[N, tags] independent sigmoid probabilities, one per tag of the classes file",
@@ -79,7 +85,6 @@ def _sample_bytes(data) -> int:
 def _tags_text(label, labels) -> str:
     """A record's tags (bit i set: tag i, datasets/hdf5_images.py's Hdf5TagSource) as the
     decoded predictions read them: their names in tag order, joined."""
-    from train.inference import TAG_SEPARATOR
 
     return TAG_SEPARATOR.join(name for i, name in enumerate(labels) if (int(label) >> i) & 1)
 

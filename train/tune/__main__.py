@@ -31,7 +31,7 @@ log = logging.getLogger("train.tune")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from train.config import add_overrides_argument
+    from train.config.load import add_overrides_argument
 
     parser = argparse.ArgumentParser(
         prog="python -m train.tune",
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, argv: list[str], held: list) -> int:
-    from train.config import load_config, overrides_mapping
+    from train.config.load import load_config, overrides_mapping
     from train.run_lock import RunLock
     from train.tune import report
     from train.tune.run import prepare, tune

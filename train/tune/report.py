@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from train.config import deep_merge
+from train.config.load import deep_merge
 from train.tune import model
 from train.tune.run import Tuning
 

@@ -91,14 +91,14 @@ class LoaderFailed(Exception):
 @contextlib.contextmanager
 def failures_named(config, dataset):
     """Around a run of the loader over ``dataset``: its failure is reported as training
-    reports it (train.__main__.loader_failure: which sample, which worker, the hint) and
+    reports it (train.cli.loader_failure: which sample, which worker, the hint) and
     raised as LoaderFailed; a bug in the sample's code stays an exception with its
     traceback. A worker the kernel killed for memory at one setting is as fatal here as in
     training: the report says so and names the limit to check."""
     try:
         yield
     except Exception as exc:
-        from train.__main__ import loader_failure
+        from train.cli import loader_failure
 
         data = SimpleNamespace(train=dataset, val=None)
         code = loader_failure(exc, data, config.loader.timeout_s or None)

@@ -39,7 +39,7 @@ from train.backends.paddle.compat import (
     with_deadline,
     zlib_preloaded_in_new_processes,
 )
-from train.telemetry import waiting_for_device
+from train.device_wait import waiting_for_device
 
 
 class PaddleDataset(TicketPassingDataset, paddle.io.Dataset):

@@ -16,7 +16,7 @@ import paddle.distributed as dist
 
 from train.backends import common
 from train.backends.base import DeviceUnavailableError, DistInfo
-from train.gpu_probe import FrameworkCuda
+from train.backends.gpu_probe import FrameworkCuda
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def _allow_tf32() -> None:
 
 
 def cuda_facts() -> FrameworkCuda:
-    """What this Paddle build says about CUDA (as train/gpu_probe.py's probe asks it): whether
+    """What this Paddle build says about CUDA (as gpu_probe.py's probe asks it): whether
     it is a CUDA build and the GPUs it can use."""
     compiled = bool(paddle.device.is_compiled_with_cuda())
     count, said = 0, ""

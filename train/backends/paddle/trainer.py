@@ -256,7 +256,7 @@ def _restore_where(flag: paddle.Tensor, tensors: list, copies: list) -> None:
 
 
 def _make_optimizer(net: paddle.nn.Layer, optim, schedule) -> paddle.optimizer.Optimizer:
-    """optim is a train.config.OptimConfig; weight decay by train/schedule.py's rule. Only
+    """optim is a train.config.schema.OptimConfig; weight decay by train/schedule.py's rule. Only
     trainable parameters: Paddle keeps BatchNorm's running statistics as frozen ones. No
     grad_clip here: PaddleTrainer.train_step clips over all groups together."""
     groups = weight_decay_groups([p for p in net.parameters() if p.trainable], optim.weight_decay)

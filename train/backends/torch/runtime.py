@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from train.backends import common
 from train.backends.base import DeviceUnavailableError, DistInfo
-from train.gpu_probe import FrameworkCuda
+from train.backends.gpu_probe import FrameworkCuda
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def _allow_tf32() -> None:
 
 
 def cuda_facts() -> FrameworkCuda:
-    """What this torch build says about CUDA (as train/gpu_probe.py's probe asks it): whether
+    """What this torch build says about CUDA (as gpu_probe.py's probe asks it): whether
     it is a CUDA build, the GPUs it can use, and what it warned while looking (a driver too
     old, for one)."""
     compiled = torch.version.cuda is not None

@@ -186,7 +186,7 @@ def _by_dtype(tensors: Iterator[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 
 def _make_optimizer(net: nn.Module, optim) -> torch.optim.Optimizer:
-    """optim is a train.config.OptimConfig; weight decay by train/schedule.py's rule (none on
+    """optim is a train.config.schema.OptimConfig; weight decay by train/schedule.py's rule (none on
     1-D parameters), as in the Paddle backend. Fused (one kernel per step on CUDA and CPU):
     only the fused optimizers skip a step on the device when found_inf is set (train_step)."""
     params = weight_decay_groups(net.parameters(), optim.weight_decay)

@@ -1,9 +1,9 @@
 """What the GPUs are and what the framework build can do with them, without importing a framework.
 
-Two views, gathered here and judged in train/doctor_gpu.py: NVML's (the driver's: every GPU the
-container was given, its compute capability and the newest CUDA the driver supports), and the
-framework build's own (its CUDA version, the architectures compiled in, the GPUs it can use and a
-tiny op on each kind of GPU), asked in a subprocess of the current python so that this process
+Two views, gathered here and judged in train/backends/gpu_verdicts.py: NVML's (the driver's: every
+GPU the container was given, its compute capability and the newest CUDA the driver supports), and
+the framework build's own (its CUDA version, the architectures compiled in, the GPUs it can use and
+a tiny op on each kind of GPU), asked in a subprocess of the current python so that this process
 imports no framework, and a GPU op that aborts takes only the probe down.
 
 The standard library only. :func:`nvml_gpus` and :func:`framework_probe_command` are the seams

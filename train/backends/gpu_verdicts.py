@@ -1,10 +1,10 @@
 """The doctor's GPU checks: what NVML sees against what the framework build can use.
 
-The facts come from train/gpu_probe.py (NVML, and the framework asked in a subprocess); this
-module judges them: a GPU the build has no kernels for (compute capability against the CUDA
-version or torch's arch list: a FAIL where the build cannot run, a WARN where it may not), a
-CPU build or a hidden GPU while GPUs are there, a driver older than the build's CUDA, a tiny op
-that failed. One line per verdict, with the fix.
+The facts come from train/backends/gpu_probe.py (NVML, and the framework asked in a subprocess);
+this module judges them: a GPU the build has no kernels for (compute capability against the CUDA
+version or torch's arch list: a FAIL where the build cannot run, a WARN where it may not), a CPU
+build or a hidden GPU while GPUs are there, a driver older than the build's CUDA, a tiny op that
+failed. One line per verdict, with the fix.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import os
 import re
 from typing import NamedTuple
 
-from train import gpu_probe
+from train.backends import gpu_probe
+from train.backends.gpu_probe import FrameworkCuda, Gpu
 from train.check import Check
-from train.gpu_probe import FrameworkCuda, Gpu
 
 
 def _version(text: str | None) -> tuple[int, int] | None:
