@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from train.config import TrainConfig
+from train.config.schema import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP = ("train", "datasets", "scripts", "bench", "tests", "docs", "configs", "docker", "k8s")
@@ -174,7 +174,10 @@ def missing_path(cited: str, base: Path) -> bool:
     if PLACEHOLDERS & set(re.split(r"[/.-]", cited)):
         return False
     for path in expand(cited):
-        target = ROOT / path if path.startswith(TOP + ROOT_FILES) else base / path
+        # A path from the root starts with a top-level folder and a slash (docs/x.md), or is a
+        # root file; any other is relative to the citing file (benchmarks.md, training.md).
+        from_root = path.startswith(tuple(f"{top}/" for top in TOP) + ROOT_FILES)
+        target = ROOT / path if from_root else base / path
         if "*" in path:
             if not glob.glob(str(target)):
                 return True
