@@ -422,11 +422,14 @@ def build_ocr_dataset(
     max_text_length: int = 25,
     augment: bool = True,
     max_image_pixels: int | None = decode.MAX_IMAGE_PIXELS,
+    reader: str = "build_ocr_dataset",
     **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
-    from datasets.lmdb_ocr import LmdbOcrSource
+    """An OCR LMDB (tree) of text lines; ``reader`` names the caller in the error for a path of
+    another format (a task passes its own name)."""
+    from datasets.sources import OCR_LMDB, open_source
 
-    source = LmdbOcrSource(path)
+    source = open_source(path, (OCR_LMDB,), reader=reader)
     transform = OcrTransform(
         char_dict, image_shape, max_text_length, augment and train, max_image_pixels
     )
@@ -441,12 +444,14 @@ def build_image_dataset(
     image_size: int = 224,
     eval_resize: int = 256,
     max_image_pixels: int | None = decode.MAX_IMAGE_PIXELS,
+    reader: str = "build_image_dataset",
     **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
-    from datasets.hdf5_images import Hdf5ImageSource
-    from datasets.image_folder import ImageFolderSource
+    """An HDF5 image file or an image folder, a class per image; ``reader`` as
+    build_ocr_dataset's."""
+    from datasets.sources import HDF5, IMAGE_FOLDER, open_source
 
-    source = ImageFolderSource(path) if Path(path).is_dir() else Hdf5ImageSource(path)
+    source = open_source(path, (HDF5, IMAGE_FOLDER), reader=reader)
     transform = ImageClassTransform(
         len(source.class_names), train, image_size, eval_resize, max_image_pixels
     )
@@ -461,13 +466,15 @@ def build_tagged_image_dataset(
     image_size: int = 224,
     eval_resize: int = 256,
     max_image_pixels: int | None = decode.MAX_IMAGE_PIXELS,
+    reader: str = "build_tagged_image_dataset",
     **policy: Unpack[SamplePolicy],
 ) -> RecordDataset:
     """An HDF5 image file with tags (datasets/hdf5_images.py): images as build_image_dataset's,
-    each with its multi-hot tags; ``dataset.source.class_names`` are the tag names."""
-    from datasets.hdf5_images import Hdf5TagSource
+    each with its multi-hot tags; ``dataset.source.class_names`` are the tag names. ``reader``
+    as build_ocr_dataset's."""
+    from datasets.sources import open_tag_source
 
-    source = Hdf5TagSource(path)
+    source = open_tag_source(path, reader=reader)
     transform = ImageTagTransform(
         len(source.class_names), train, image_size, eval_resize, max_image_pixels
     )

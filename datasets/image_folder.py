@@ -16,7 +16,10 @@ import numpy as np
 
 from datasets.errors import BadSampleError, DatasetError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+# What counts as an image file, by its name's suffix (any case): what this reader lists and what
+# train.predict reads from a folder. datasets/sources.py, which decides a path's format, exports
+# it; it is defined here, below that module, which imports this one.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 log = logging.getLogger(__name__)
@@ -54,7 +57,7 @@ class ImageFolderSource:
             # folder (above) and each file can be a link.
             for dirpath, _, files in sorted(os.walk(self.root / name)):
                 for file in sorted(files):
-                    if file.lower().endswith(IMAGE_EXTENSIONS):
+                    if file.lower().endswith(IMAGE_SUFFIXES):
                         full = os.path.join(dirpath, file)
                         rel = os.path.relpath(full, self.root)
                         if os.path.islink(full) and not _inside(full, self._real_root):
@@ -70,9 +73,7 @@ class ImageFolderSource:
                 ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else ""),
             )
         if not paths:
-            raise DatasetError(
-                f"no image files under {self.root}", f"extensions: {IMAGE_EXTENSIONS}"
-            )
+            raise DatasetError(f"no image files under {self.root}", f"extensions: {IMAGE_SUFFIXES}")
         self._paths = np.array(paths, dtype=np.bytes_)
         self.labels = np.array(labels, dtype=np.int64)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -34,6 +35,19 @@ MAX_LABEL_BYTES = 1 << 16
 _MAX_COUNT_DIGITS = 18
 
 
+def lmdb_dirs(root: Path) -> Iterator[Path]:
+    """The LMDB directories of the directory ``root``: ``root`` itself when it holds a data.mdb,
+    else each folder below it that holds one (links to folders are not followed). A generator:
+    datasets/sources.py asks only whether there is a first one, to tell an OCR LMDB (tree) from
+    an image folder by the same rule this reader opens it by."""
+    if (root / "data.mdb").is_file():
+        yield root
+        return
+    for folder, _, files in os.walk(root):
+        if "data.mdb" in files:
+            yield Path(folder)
+
+
 def find_lmdbs(root: str | Path) -> list[Path]:
     """The LMDB directories at or below ``root``, sorted."""
     root = Path(root)
@@ -43,9 +57,7 @@ def find_lmdbs(root: str | Path) -> list[Path]:
         raise DatasetError(
             f"{root} is a file; an OCR LMDB is a directory holding data.mdb", WRITER_HINT
         )
-    if (root / "data.mdb").is_file():
-        return [root]
-    found = sorted(Path(d) for d, _, files in os.walk(root) if "data.mdb" in files)
+    found = sorted(lmdb_dirs(root))
     if not found:
         raise DatasetError(f"no LMDB (no data.mdb) found under {root}", WRITER_HINT)
     return found

@@ -158,8 +158,8 @@ def _evict(cache: Path, keep: str, need: int, max_bytes: int, url: str) -> None:
     """Remove least-recently-used datasets, never one in use, until ``need`` more bytes fit."""
     if need > max_bytes:
         raise RemoteStorageError(
-            f"{url} needs {need} bytes, more than max_cache_bytes={max_bytes}",
-            "raise data.remote_cache_max_bytes (max_cache_bytes) or stage a smaller dataset",
+            f"{url} needs {need} bytes, more than cache_max_bytes={max_bytes}",
+            "raise data.remote_cache_max_bytes (--cache-max-bytes) or stage a smaller dataset",
         )
     entries = [e for e in _cache_entries(cache) if e[1] != keep]
     used = sum(size for _, _, size, _ in entries)
@@ -188,7 +188,7 @@ def _evict(cache: Path, keep: str, need: int, max_bytes: int, url: str) -> None:
             max_bytes / 2**20,
         )
     if used + need > max_bytes:
-        log.warning("cache %s stays over max_cache_bytes: the other datasets are in use", cache)
+        log.warning("cache %s stays over cache_max_bytes: the other datasets are in use", cache)
 
 
 def _stale(root: Path, objects: list[RemoteObject], known: dict) -> list[RemoteObject]:
@@ -216,7 +216,7 @@ def _download_all(
     if shutil.disk_usage(cache).free < need:
         raise RemoteStorageError(
             f"not enough free space in {cache} for {need} bytes of {url}",
-            "free disk space, lower max_cache_bytes or move cache_dir",
+            "free disk space, lower cache_max_bytes or move cache_dir",
         )
     log.info("staging %d object(s), %.1f MiB, from %s", len(todo), need / 2**20, url)
     meter = s3.Meter(url, need, opt.progress)
@@ -269,8 +269,8 @@ def _sync_entry(
                 },
             )
 
-    if opt.max_cache_bytes is not None:
-        _evict(cache, name, sum(o.size for o in objects), opt.max_cache_bytes, url)
+    if opt.cache_max_bytes is not None:
+        _evict(cache, name, sum(o.size for o in objects), opt.cache_max_bytes, url)
     if todo:
         _download_all(fs, url, cache, name, todo, opt, record)
     partial = cache / ".partial" / name
@@ -299,7 +299,7 @@ def stage(
     url: str,
     cache_dir: str | os.PathLike[str],
     *,
-    max_cache_bytes: int | None = None,
+    cache_max_bytes: int | None = None,
     retries: int = 5,
     backoff_s: float = 0.5,
     timeout_s: float = 30.0,
@@ -315,7 +315,7 @@ def stage(
         raise ValueError(f"not a remote path: {url!r} (expected s3://bucket/prefix)")
     cache, name, started = Path(cache_dir), _entry_name(url), time.monotonic()
     (cache / ".locks").mkdir(parents=True, exist_ok=True)
-    opt = s3.TransferOptions(retries, backoff_s, max_cache_bytes, progress)
+    opt = s3.TransferOptions(retries, backoff_s, cache_max_bytes, progress)
     with _locked(cache / ".locks" / f"{name}.lock", url):
         fs = s3.make_fs(timeout_s)
         for attempt in range(3):
@@ -354,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd.add_argument("url", help="s3://bucket/prefix (LMDB dir or tree) or s3://bucket/x.h5")
     cmd.add_argument("--cache-dir", required=True, help="node-local directory for the cache")
     size = cmd.add_mutually_exclusive_group()
-    size.add_argument("--max-cache-gb", type=float, help="evict LRU datasets above this size")
-    size.add_argument("--max-cache-bytes", type=int, help="the same, in bytes")
+    size.add_argument("--cache-max-gb", type=float, help="evict LRU datasets above this size")
+    size.add_argument("--cache-max-bytes", type=int, help="the same, in bytes")
     cmd.add_argument("--retries", type=int, default=5, help="retries on network errors")
     cmd.add_argument("--backoff-s", type=float, default=0.5, help="first retry delay, doubled")
     cmd.add_argument("--timeout-s", type=float, default=30.0, help="connect/read timeout")
@@ -365,14 +365,14 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(message)s",
     )
-    max_bytes = args.max_cache_bytes
-    if args.max_cache_gb is not None:
-        max_bytes = int(args.max_cache_gb * 2**30)
+    max_bytes = args.cache_max_bytes
+    if args.cache_max_gb is not None:
+        max_bytes = int(args.cache_max_gb * 2**30)
     try:
         path = stage(
             args.url,
             args.cache_dir,
-            max_cache_bytes=max_bytes,
+            cache_max_bytes=max_bytes,
             retries=args.retries,
             backoff_s=args.backoff_s,
             timeout_s=args.timeout_s,

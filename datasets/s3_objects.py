@@ -96,7 +96,7 @@ class TransferOptions:
 
     retries: int
     backoff_s: float
-    max_cache_bytes: int | None
+    cache_max_bytes: int | None
     progress: bool
 
 

@@ -1,4 +1,5 @@
-"""Scan every record of an OCR LMDB (tree) or ResNet-50 HDF5 file and classify the bad ones.
+"""Scan every record of an OCR LMDB (tree), a ResNet-50 HDF5 file or an image folder and classify
+the bad ones.
 
 Uses the same checks as training (decode.check_encoded, a full decode, the label rules), so a
 dataset that validates clean has no bad samples in training, and the report's lines have the
@@ -11,11 +12,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import h5py
-
-from datasets import decode
-from datasets.errors import BadSampleError, DatasetError
+from datasets import decode, sources
+from datasets.errors import BadSampleError
 from datasets.ocr_transforms import CharDict
+
+# What scan reads: every format with a record source (an image folder is a classification
+# task's training data as an HDF5 file is); datasets/sources.py decides which a path is.
+SCANNED = sources.RECORD_FORMATS
+READER = "scripts/validate_data.py"
 
 
 @dataclass
@@ -32,20 +36,9 @@ class ScanReport:
 
 
 def detect_kind(path: str | Path) -> str:
-    path = Path(path)
-    if path.is_dir():
-        return "ocr-lmdb"
-    if path.is_file() and h5py.is_hdf5(path):
-        return "hdf5"
-    if not path.exists():
-        raise DatasetError(
-            f"dataset path does not exist: {path}",
-            "pass an OCR LMDB directory (or a tree of them) or a ResNet-50 .h5 file",
-        )
-    raise DatasetError(
-        f"{path} is neither an LMDB directory nor an HDF5 file",
-        "pass an OCR LMDB directory (holding data.mdb, or a tree of them) or a .h5 file",
-    )
+    """The format of ``path`` (datasets/sources.py's name), or a DatasetError when scan cannot
+    read it: a missing path, an image file."""
+    return sources.check_format(path, SCANNED, reader=READER)
 
 
 def _check_image_fully(data: bytes) -> None:
@@ -59,20 +52,13 @@ def scan(
 ) -> ScanReport:
     kind = detect_kind(path)
     report = ScanReport(str(path), kind)
-    if kind == "ocr-lmdb":
-        from datasets.lmdb_ocr import LmdbOcrSource
-
-        source = LmdbOcrSource(path)
-    else:
-        from datasets.hdf5_images import Hdf5ImageSource
-
-        source = Hdf5ImageSource(path)
+    source = sources.open_source(path, SCANNED, reader=READER)
     num_classes = len(getattr(source, "class_names", ()))
     for index in range(len(source)):
         report.total += 1
         try:
             data, label = source.read(index)
-            if kind == "ocr-lmdb":
+            if kind == sources.OCR_LMDB:
                 if char_dict is not None:
                     char_dict.encode(label, max_text_length)
                 elif not label.strip():

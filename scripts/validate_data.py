@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Scan an OCR LMDB (or a tree of them) or a ResNet-50 HDF5 file; report bad records.
+"""Scan an OCR LMDB (or a tree of them), a ResNet-50 HDF5 file or an image folder; report bad
+records.
 
   python -m scripts.validate_data data/synth_ocr/train --char-dict data/synth_ocr/charset.txt
   python -m scripts.validate_data data/synth_imagenet/train.h5
@@ -20,7 +21,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("path", help="LMDB directory (or tree) or .h5 file")
+    parser.add_argument("path", help="OCR LMDB directory (or tree), HDF5 file or image folder")
     parser.add_argument("--char-dict", help="OCR: also check labels against this dictionary")
     parser.add_argument("--use-space-char", action="store_true")
     parser.add_argument("--max-text-length", type=int, default=25)

@@ -17,7 +17,7 @@ from train import tasks
 from train.config.errors import ConfigError
 from train.config.load import RESOLVED_NAME, config_from_dict, load_config, save_resolved
 from train.config.schema import Config
-from train.cpus import resolve_loader, resolve_num_workers
+from train.cpus import resolve_num_workers
 from train.tasks import TASKS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -531,15 +531,26 @@ def test_resolve_num_workers_passes_numbers_through_and_reads_this_machine():
     assert 1 <= count <= 8 and reason.startswith("auto: min(8, 0.75 x ")
 
 
-def test_resolve_loader_puts_the_count_into_the_config_the_loaders_read():
+def test_resolve_puts_the_counts_into_the_config_the_loaders_read():
+    from train.config.schema import DEFAULT_PREFETCH_FACTOR
+    from train.data import resolve
+
     config = load_config(REPO_ROOT / "configs/ocr/base.yaml")
-    assert config.loader.num_workers == "auto"
-    resolved, reason = resolve_loader(config, local_world_size=2, cpu_count=16)
-    assert (
-        resolved.loader.num_workers == 6 and reason == "auto: min(8, 0.75 x 16 cores / 2 ranks) = 6"
+    assert config.loader.num_workers == "auto" and config.loader.prefetch_factor is None
+    resolved = resolve(config, local_world_size=2, cpu_count=16, stage=None)
+    assert resolved.config.loader.num_workers == 6
+    assert resolved.workers_reason == "auto: min(8, 0.75 x 16 cores / 2 ranks) = 6"
+    assert resolved.config.loader.prefetch_factor == DEFAULT_PREFETCH_FACTOR
+    expected = dataclasses.replace(
+        config.loader, num_workers=6, prefetch_factor=DEFAULT_PREFETCH_FACTOR
     )
-    assert resolved.loader == dataclasses.replace(config.loader, num_workers=6)  # nothing else
-    assert resolved.data == config.data and config.loader.num_workers == "auto"  # a copy
+    assert resolved.config.loader == expected  # nothing else changes
+    assert resolved.config.data == config.data and resolved.staged == {}
+    assert config.loader.num_workers == "auto"  # a copy
+    # A prefetch the config sets is kept.
+    set_prefetch = load_config(REPO_ROOT / "configs/resnet50/single_gpu.yaml")
+    kept = resolve(set_prefetch, cpu_count=16, stage=None).config.loader
+    assert kept.prefetch_factor == set_prefetch.loader.prefetch_factor == 4
 
 
 # ---------------------------------------------------------------- each task's own data section

@@ -170,7 +170,7 @@ def test_the_loop_reads_the_device_once_per_logging_window(
     finite flag before (12) plus each window's loss (3). The policy and the logged losses
     still see every step (the window's rows)."""
     from train import loop
-    from train.data import build_run_data
+    from train.data import RunData
     from train.stops import StopFlag
 
     overrides = {"max_steps": 12, "log_every": 4, "eval_every": 100, "checkpoint_every": 100}
@@ -215,7 +215,7 @@ def test_the_loop_reads_the_device_once_per_logging_window(
     monkeypatch.setattr(type(backend), "device_batches", batches_not_counted)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    data = build_run_data(config, run_dir)
+    data = RunData.open(config, run_dir)
     try:
         summary = loop.train(config, backend, backend.dist, data, run_dir, False)
     finally:

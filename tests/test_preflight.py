@@ -24,9 +24,8 @@ def config(name="configs/resnet50/single_gpu.yaml", *sets):
 
 
 def with_workers(cfg, workers: int):
-    """``cfg`` with loader.num_workers resolved to ``workers``, as train.cpus.resolve_loader
-    leaves it."""
-    return dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, num_workers=workers))
+    """``cfg`` with its loader resolved to ``workers``, as train.data.resolve leaves it."""
+    return dataclasses.replace(cfg, loader=cfg.loader.resolved(workers))
 
 
 def test_need_counts_batches_in_flight_loaders_ranks_and_cache():
@@ -62,7 +61,7 @@ def test_adapt_policy_fits_by_lowering_prefetch_then_workers(framework):
     # With almost no shm: torch falls back to no workers, Paddle to pipes with all workers.
     tiny = preflight.apply_policy(cfg, 1, free=1 * MB)
     if framework == "torch":
-        assert tiny.loader.num_workers == 0 and tiny.loader.prefetch_factor is None
+        assert tiny.loader.num_workers == 0
     else:
         assert tiny.loader.num_workers == 8 and tiny.loader.use_shared_memory is False
     assert preflight.plan(tiny, 1).need_bytes <= 1 * MB

@@ -246,15 +246,15 @@ def _classification(image_h5: Path, **model) -> Config:
 
 
 def test_num_classes_below_a_class_of_the_data_is_a_dataset_error_at_open(image_h5, tmp_path):
-    from train.data import build_run_data
+    from train.data import RunData
 
     with pytest.raises(DatasetError) as caught:
-        build_run_data(_classification(image_h5, num_classes=2), tmp_path)
+        RunData.open(_classification(image_h5, num_classes=2), tmp_path)
     message = str(caught.value)
     assert f"{image_h5} holds class 3 ('c3') but model.num_classes is 2" in message
     assert "set model.num_classes to at least 4 (the data names 4 classes), or remove it" in message
     for count in (None, 4, 6):  # the data's count, or more outputs than it names
-        build_run_data(_classification(image_h5, num_classes=count), tmp_path).close()
+        RunData.open(_classification(image_h5, num_classes=count), tmp_path).close()
 
 
 def test_the_doctor_reports_the_class_count_as_a_failure(image_h5):
@@ -267,12 +267,12 @@ def test_the_doctor_reports_the_class_count_as_a_failure(image_h5):
 
 
 def test_tagging_with_another_tag_count_is_a_dataset_error(image_h5, tmp_path):
-    from train.data import build_run_data
+    from train.data import RunData
 
     raw = {**MINIMAL["tagging"], "model": {"name": "resnet18", "num_classes": 3}}
     raw["data"] = {"train": str(image_h5), "image_size": 32, "eval_resize": 32}
     with pytest.raises(DatasetError, match="model.num_classes: 3, but the tagging task has one"):
-        build_run_data(config_from_dict(raw), tmp_path)
+        RunData.open(config_from_dict(raw), tmp_path)
 
 
 # ---------------------------------------------------------------- metadata that cannot be read
@@ -309,7 +309,7 @@ def test_malformed_hdf5_metadata_is_a_dataset_error_naming_the_file(
 
 
 def test_the_doctor_and_training_report_a_text_schema_version(image_h5, tmp_path):
-    from train.data import build_run_data
+    from train.data import RunData
     from train.doctor import check_dataset
 
     path = _h5_copy(image_h5, tmp_path, schema_version="two")
@@ -317,7 +317,7 @@ def test_the_doctor_and_training_report_a_text_schema_version(image_h5, tmp_path
     check, _ = check_dataset(config, "train", str(path))
     assert check.status == "FAIL" and "'schema_version': 'two' (str) is not" in check.detail
     with pytest.raises(DatasetError, match=f"{path}: attribute 'schema_version'"):
-        build_run_data(config, tmp_path)
+        RunData.open(config, tmp_path)
 
 
 @pytest.fixture
@@ -330,7 +330,7 @@ def latin1_dict(tmp_path) -> Path:
 def test_a_dictionary_that_is_not_utf8_is_a_dataset_error_in_training_and_the_doctor(
     latin1_dict, ocr_lmdb, tmp_path
 ):
-    from train.data import build_run_data
+    from train.data import RunData
     from train.doctor import check_dataset
 
     raw = {**MINIMAL["ocr"], "model": {"name": "crnn_tiny"}}
@@ -338,7 +338,7 @@ def test_a_dictionary_that_is_not_utf8_is_a_dataset_error_in_training_and_the_do
     config = config_from_dict(raw)
     expected = f"character dictionary {latin1_dict} is not UTF-8 text: byte 0xe9 on line 3"
     with pytest.raises(DatasetError, match="save it as UTF-8") as caught:
-        build_run_data(config, tmp_path)
+        RunData.open(config, tmp_path)
     assert expected in str(caught.value)
     check, _ = check_dataset(config, "train", str(ocr_lmdb))
     assert check.status == "FAIL" and expected in check.detail

@@ -287,7 +287,7 @@ def test_eviction_is_lru_and_spares_datasets_in_use(
 ) -> None:
     bucket, size = _bucket(s3, {}), 100_000
     a, b, c, d = (_sized(s3, bucket, n, size) for n in "abcd")
-    budget = {"max_cache_bytes": int(2.5 * size), **FAST}
+    budget = {"cache_max_bytes": int(2.5 * size), **FAST}
     paths = {url: stage(url, tmp_path, **budget) for url in (a, b)}
     release(b, tmp_path)
     with caplog.at_level(logging.INFO, "datasets.remote"):
@@ -301,8 +301,8 @@ def test_eviction_is_lru_and_spares_datasets_in_use(
     release(a, tmp_path)
     stage(d, tmp_path, **budget)  # so c, the least recently used, goes
     assert paths[a].exists() and not paths[c].exists()
-    with pytest.raises(RemoteStorageError, match="max_cache_bytes"):
-        stage(a, tmp_path, **{**budget, "max_cache_bytes": size // 2})
+    with pytest.raises(RemoteStorageError, match="cache_max_bytes"):
+        stage(a, tmp_path, **{**budget, "cache_max_bytes": size // 2})
 
 
 def test_cli_stage_prints_the_local_path(s3: S3TestServer, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from train import tasks
 from train.backends.common import LoaderKnobs, amp_dtype, crnn_plan, pad_top_k, stack_samples
 from train.config.load import config_from_dict
-from train.config.schema import Config, LoaderConfig, ModelConfig
+from train.config.schema import DEFAULT_PREFETCH_FACTOR, Config, LoaderConfig, ModelConfig
 
 
 def test_model_names_are_listed_once_and_the_config_takes_them_from_the_spec():
@@ -143,11 +143,14 @@ def test_loader_knobs_follow_the_batching_rule():
     assert train == LoaderKnobs(32, True, 4, 3, False, None, 120.0)
     no_workers = dataclasses.replace(loader, num_workers=0, prefetch_factor=None)
     assert LoaderKnobs.of(no_workers, train=True).num_workers == 0
+    # An unset prefetch is the one default, whichever code builds the knobs.
+    unset = dataclasses.replace(loader, prefetch_factor=None)
+    assert LoaderKnobs.of(unset, train=True).prefetch_factor == DEFAULT_PREFETCH_FACTOR
 
 
 def test_loader_knobs_take_a_resolved_worker_count():
     unresolved = LoaderConfig()  # num_workers: auto
-    with pytest.raises(ValueError, match="train.cpus.resolve_loader"):
+    with pytest.raises(ValueError, match="train.data.resolve"):
         LoaderKnobs.of(unresolved, train=True)
 
 

@@ -153,26 +153,26 @@ def run(args, held: Held) -> int:
     """The run, start to end; failures of a known kind are raised as such (train.errors)."""
     from datasets.safe_files import write_atomic
     from train import loop, preflight, report, run_dirs, run_files, stall
-    from train.backends import launcher_rank, make_backend
+    from train.backends import launcher_dist, make_backend
     from train.config.load import RESOLVED_NAME, load_config, save_resolved
-    from train.cpus import resolve_loader
-    from train.data import build_run_data, stage_remote
+    from train.data import RunData, resolve
     from train.run_lock import RunLock
 
-    config = held.config = load_config(args.config, args.overrides)
-    text = config.output.dir if args.output_dir is None else args.output_dir
+    loaded = held.config = load_config(args.config, args.overrides)
+    launched = launcher_dist(loaded.framework)
+    text = loaded.output.dir if args.output_dir is None else args.output_dir
     run_dir = Path(text)
-    if launcher_rank(config.framework) == 0:  # the only rank that writes the run directory
+    if launched.rank == 0:  # the only rank that writes the run directory
         # Before anything is read or written: a directory that is no run directory (a mistyped
         # path, ".", an empty output.dir) is refused before the lock creates a file in it.
         run_dirs.check(text, args.overwrite, output_dir_key(args))
         held.lock = RunLock(run_dir).acquire()  # first: a second run fails before any work
+    cli.setup_logging(None, launched.rank == 0)
     # Remote (s3://) data is staged before the backend imports its framework: a framework's
     # bundled zlib (Paddle's) could break the S3 client's compression otherwise.
-    cli.setup_logging(None, launcher_rank(config.framework) == 0)
-    local_data = stage_remote(config)
+    resolved = resolve(loaded, local_world_size=launched.local_world_size)
     faulthandler.disable()  # the framework's import installs its crash handlers over the defaults
-    backend = make_backend(config)
+    backend = make_backend(resolved.config)
     cli.report_native_crashes()  # over the framework's crash handlers
     dist = backend.init_distributed()
     held.backend = backend
@@ -182,25 +182,25 @@ def run(args, held: Held) -> int:
     resume = args.resume or (args.auto_resume and should_auto_resume(run_dir))
     cli.setup_logging(run_dir, dist.is_main)
     run_files.room_errors_of_threads_in_one_line()  # the scalar log's writer thread
-    if dist.is_main:
+    if dist.is_main:  # the config as written (s3:// URLs, "auto"): a rerun resolves it again
         with run_files.writing(run_dir / RESOLVED_NAME, then="run the same command again"):
-            save_resolved(config, run_dir)
+            save_resolved(loaded, run_dir)
     log.info(
         "run %s: %s %s on %s, %d rank(s)",
         run_dir,
-        config.task,
-        config.framework,
+        loaded.task,
+        loaded.framework,
         backend.device_name,
         dist.world_size,
     )
-    backend.seed_everything(config.seed, config.deterministic)
-    config, reason = resolve_loader(config, local_world_size=dist.local_world_size)
-    log.info("num_workers=%d (%s)", config.loader.num_workers, reason)
+    backend.seed_everything(loaded.seed, loaded.deterministic)
+    log.info("num_workers=%d (%s)", resolved.config.loader.num_workers, resolved.workers_reason)
     if dist.local_rank == 0:  # one sweep per node, before any worker of this run exists
         preflight.remove_stale_batches()
         preflight.remove_stale_state_files()
-    config = preflight.apply_policy(config, dist.local_world_size)
-    held.data = build_run_data(config, run_dir, local_data)
+    # The run's loaders fitted to this node's free /dev/shm (shm.policy), logged into train.log.
+    config = held.config = preflight.apply_policy(resolved.config, dist.local_world_size)
+    held.data = RunData.open(config, run_dir)
     summary = loop.train(config, backend, dist, held.data, run_dir, resume)
     if "loader_bottleneck" in summary:  # the loader held this run: the tuner for its scenario
         tune = stall.tune_command(args.config, args.overrides)

@@ -1,23 +1,11 @@
-"""How many CPUs this process may use, and how many loader workers that makes (framework-free:
-training, evaluation, the doctor and ``python -m train.config`` resolve the count the same way,
-with ``resolve_loader``)."""
+"""How many CPUs this process may use, and how many loader workers that makes (framework-free;
+every entry point resolves the count through train.data.resolve, which calls
+``resolve_num_workers``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
-
-
-def resolve_loader(config, local_world_size: int = 1, cpu_count: int | None = None):
-    """``config`` (a train.config.schema.Config) with loader.num_workers a count, and the reason to log.
-
-    Resolved once, here: the loaders, the /dev/shm plan, the telemetry and the doctor read the
-    count from the returned config's ``loader`` section and never see "auto".
-    """
-    workers, reason = resolve_num_workers(config.loader.num_workers, cpu_count, local_world_size)
-    loader = dataclasses.replace(config.loader, num_workers=workers)
-    return dataclasses.replace(config, loader=loader), reason
 
 
 def resolve_num_workers(

@@ -1,14 +1,22 @@
-"""Datasets for a run, built from the config by its task (train/tasks.py); framework-free.
+"""The data of a run, framework-free: the one resolved config every entry point runs with, and
+the run's data as one object.
 
-Remote (s3://) sources are staged once per node into data.remote_cache_dir first
-(:func:`stage_remote`), then read locally through the same per-worker handles as local data.
+- :func:`resolve`: a loaded config as it runs on this host: loader.num_workers and
+  loader.prefetch_factor counts, s3:// inputs staged once per node into data.remote_cache_dir
+  and replaced by their local copies (the URLs kept beside them for reports). python -m train,
+  train.evaluate, train.predict, train.export, the doctor, the tuner and python -m train.config
+  all get their config from it; no loader sees "auto".
+- :class:`RunData`: the datasets of a resolved config, built by its task (train/tasks.py):
+  ``open`` on each rank, ``loaders`` for this rank's share, ``close``. :func:`open_split` opens
+  one dataset as a run does (the sample policy, the cache), for training, evaluation, the
+  doctor and the tuner alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,69 +25,156 @@ from datasets.dataset import RecordDataset
 from datasets.errors import DatasetError
 from datasets.sampler import EpochSampler
 from train import tasks
+from train.cpus import resolve_num_workers
 
 log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val")
+
+
+# ---------------------------------------------------------------- the resolved config
+@dataclass(frozen=True)
+class Resolved:
+    """A config as it runs here, and what resolving it decided."""
+
+    config: object  # train.config.schema.Config: loader counts, local data paths
+    workers_reason: str  # why loader.num_workers is what it is (logged by each entry point)
+    staged: dict[str, str] = field(default_factory=dict)  # data key -> the s3:// URL it came from
+
+
+def resolve(
+    config,
+    *,
+    local_world_size: int = 1,
+    cpu_count: int | None = None,
+    stage: tuple[str, ...] | None = SPLITS,
+) -> Resolved:
+    """``config`` with its loader counts decided for this host and ``local_world_size`` ranks
+    per node, and the s3:// inputs of the ``stage`` splits (with the task's input files) staged
+    to local paths; ``stage=None`` stages nothing (a report that only reads the config)."""
+    workers, reason = resolve_num_workers(config.loader.num_workers, cpu_count, local_world_size)
+    resolved = dataclasses.replace(config, loader=config.loader.resolved(workers))
+    staged: dict[str, str] = {}
+    if stage is not None:
+        data, staged = stage_remote(resolved, stage)
+        resolved = dataclasses.replace(resolved, data=data)
+    return Resolved(resolved, reason, staged)
+
+
+def stage_remote(config, splits: tuple[str, ...] = SPLITS):
+    """(config.data with every s3:// input of ``splits`` and of the task's input files replaced
+    by its staged local copy, {key: URL} of those replaced). Staged once per node: remote.stage
+    shares one copy between the ranks of a node (datasets/remote.py)."""
+    from datasets import remote
+
+    data = config.data
+    changes, staged = {}, {}
+    for name in (*splits, *tasks.get(config.task).input_files):
+        path = getattr(data, name)
+        if path and remote.is_remote(path):
+            log.info("staging %s into %s", path, data.remote_cache_dir)
+            local = remote.stage(
+                path, data.remote_cache_dir, cache_max_bytes=data.remote_cache_max_bytes
+            )
+            changes[name], staged[name] = str(local), path
+    return dataclasses.replace(data, **changes), staged
+
+
+# ---------------------------------------------------------------- the run's data
+def sample_policy(data) -> dict:
+    """What a task's open_dataset takes besides the path, from the data section: the bad-sample
+    bound, the keys to skip and the record cache."""
+    return dict(
+        max_bad_fraction=data.max_bad_fraction,
+        skip_keys_file=data.skip_keys_file,
+        cache=data.cache,
+        cache_max_bytes=data.cache_max_bytes,
+        cache_dir=data.cache_dir,
+    )
+
+
+def open_split(config, split: str, path=None, run_dir: Path | None = None, **policy):
+    """The dataset at ``path`` (default: the config's ``split``, data.train or data.val) opened
+    as a run opens it: the task's transform (augmented for training), the sample policy, the
+    cache for training only (one pass per evaluation: caching buys little). Bad records go to
+    ``run_dir``/bad_samples.<split>.tsv, which a later run can skip; ``policy`` overrides the
+    config's (the tuner measures without a cache)."""
+    data = config.data
+    chosen = dict(sample_policy(data))
+    if split != "train":
+        chosen["cache"] = "none"
+    if run_dir is not None:
+        chosen["bad_keys_file"] = run_dir / f"bad_samples.{split}.tsv"
+    chosen.update(policy)
+    return tasks.get(config.task).open_dataset(
+        data,
+        getattr(data, split) if path is None else path,
+        train=split == "train",
+        seed=config.seed,
+        **chosen,
+    )
 
 
 @dataclass
 class RunData:
+    """The datasets of a run: ``open`` builds them on each rank from a resolved config (its
+    data already local), ``loaders`` gives this rank's share, ``close`` releases the handles."""
+
     train: RecordDataset
     val: RecordDataset | None
     num_classes: int  # model outputs; includes the CTC blank for OCR
+
+    @classmethod
+    def open(cls, config, run_dir: Path | None = None) -> RunData:
+        """The training and validation datasets of ``config`` (resolved: local paths), with the
+        model's class count checked against the data."""
+        task = tasks.get(config.task)
+        built: dict[str, RecordDataset] = {}
+        try:
+            for split in SPLITS:
+                if getattr(config.data, split):
+                    built[split] = open_split(config, split, run_dir=run_dir)
+            num_classes = task.num_classes(config.model, built["train"])
+            if task.loss == "cross_entropy":
+                for split, dataset in built.items():
+                    check_class_count(config.model, dataset, getattr(config.data, split))
+        except BaseException:
+            for dataset in built.values():
+                dataset.close()
+            raise
+        return cls(built["train"], built.get("val"), num_classes)
+
+    def loaders(self, config, backend, dist):
+        """This rank's share of each epoch, in batches of uint8 arrays: the training sampler
+        and loader, and the validation ones (None without validation data)."""
+        loader_cfg = config.loader
+        sampler = EpochSampler(
+            len(self.train),
+            shuffle=True,
+            seed=config.seed,
+            rank=dist.rank,
+            world_size=dist.world_size,
+        )
+        if len(sampler) // loader_cfg.batch_size < 1:
+            raise DatasetError(
+                f"loader.batch_size {loader_cfg.batch_size} is larger than this rank's "
+                f"{len(sampler)} samples of {config.data.train}",
+                "lower loader.batch_size (or use fewer ranks)",
+            )
+        backend.set_cpu_threads(loader_cfg.num_workers)
+        loader = backend.make_loader(self.train, sampler, loader_cfg, train=True)
+        val_sampler = val_loader = None
+        if self.val is not None:
+            val_sampler = EpochSampler(
+                len(self.val), shuffle=False, rank=dist.rank, world_size=dist.world_size
+            )
+            val_loader = backend.make_loader(self.val, val_sampler, loader_cfg, train=False)
+        return sampler, loader, val_sampler, val_loader
 
     def close(self) -> None:
         for dataset in (self.train, self.val):
             if dataset is not None:
                 dataset.close()
-
-
-def stage_remote(config):
-    """config.data with every s3:// input (data.train, data.val and the task's input files)
-    replaced by its staged local copy; local paths are kept as they are."""
-    from datasets import remote
-
-    data = config.data
-    changes = {}
-    for name in ("train", "val", *tasks.get(config.task).input_files):
-        path = getattr(data, name)
-        if path and remote.is_remote(path):
-            log.info("staging %s into %s", path, data.remote_cache_dir)
-            staged = remote.stage(
-                path, data.remote_cache_dir, max_cache_bytes=data.remote_cache_max_bytes
-            )
-            changes[name] = str(staged)
-    return dataclasses.replace(data, **changes)
-
-
-def build_run_data(config, run_dir: Path, local_data=None) -> RunData:
-    """The training and validation datasets of ``config``. ``local_data`` is config.data with
-    local paths (:func:`stage_remote`, which python -m train calls before it imports a
-    framework); None: staged here."""
-    task = tasks.get(config.task)
-    data = local_data if local_data is not None else stage_remote(config)
-    policy = sample_policy(data)
-    built: dict[str, RecordDataset] = {}
-    for split, path in (("train", data.train), ("val", data.val)):
-        if not path:
-            continue
-        # Bad records of each split go to their own file, which a later run can skip.
-        extra = dict(policy, bad_keys_file=run_dir / f"bad_samples.{split}.tsv")
-        if split == "val":
-            extra["cache"] = "none"  # one pass per evaluation: caching buys little
-        built[split] = task.open_dataset(
-            data, path, train=split == "train", seed=config.seed, **extra
-        )
-    try:
-        num_classes = task.num_classes(config.model, built["train"])
-        if task.loss == "cross_entropy":
-            for split, path in (("train", data.train), ("val", data.val)):
-                if split in built:
-                    check_class_count(config.model, built[split], path)
-    except BaseException:
-        for dataset in built.values():
-            dataset.close()
-        raise
-    return RunData(built["train"], built.get("val"), num_classes)
 
 
 def check_class_count(model, dataset: RecordDataset, path: str) -> None:
@@ -102,40 +197,3 @@ def check_class_count(model, dataset: RecordDataset, path: str) -> None:
             f"set model.num_classes to at least {largest + 1} (the data names {len(names)} "
             "classes), or remove it to take the count from the data",
         )
-
-
-def sample_policy(data) -> dict:
-    """What a task's open_dataset takes besides the path, from the data section: the bad-sample
-    bound, the keys to skip and the record cache."""
-    return dict(
-        max_bad_fraction=data.max_bad_fraction,
-        skip_keys_file=data.skip_keys_file,
-        cache=data.cache,
-        cache_max_bytes=data.cache_max_bytes,
-        cache_dir=data.cache_dir,
-    )
-
-
-def make_loaders(config, backend, dist, data: RunData):
-    """This rank's share of each epoch, in batches of uint8 arrays: the training sampler and
-    loader, and the validation ones (None without validation data). ``config.loader`` has its
-    worker count resolved (train.cpus.resolve_loader)."""
-    loader_cfg = config.loader
-    sampler = EpochSampler(
-        len(data.train), shuffle=True, seed=config.seed, rank=dist.rank, world_size=dist.world_size
-    )
-    backend.set_cpu_threads(loader_cfg.num_workers)
-    loader = backend.make_loader(data.train, sampler, loader_cfg, train=True)
-    val_sampler = val_loader = None
-    if data.val is not None:
-        val_sampler = EpochSampler(
-            len(data.val), shuffle=False, rank=dist.rank, world_size=dist.world_size
-        )
-        val_loader = backend.make_loader(data.val, val_sampler, loader_cfg, train=False)
-    if len(sampler) // loader_cfg.batch_size < 1:
-        raise DatasetError(
-            f"loader.batch_size {loader_cfg.batch_size} is larger than this rank's "
-            f"{len(sampler)} samples of {config.data.train}",
-            "lower loader.batch_size (or use fewer ranks)",
-        )
-    return sampler, loader, val_sampler, val_loader

@@ -200,7 +200,7 @@ def check_dataset(config, split: str, path: str | None):
     check its classes against the model's, as train/data.py does at the start of a run."""
     from datasets import remote
     from datasets.errors import BadSampleError, DatasetError
-    from train.data import check_class_count
+    from train.data import check_class_count, open_split
 
     name = f"data.{split}"
     if path is None:
@@ -209,8 +209,8 @@ def check_dataset(config, split: str, path: str | None):
         return Check(name, "PASS", f"{path}: remote, staged at start"), None
     task = tasks.get(config.task)
     try:
-        # As training opens it, without augmentation.
-        dataset = task.open_dataset(config.data, path, train=False)
+        # As the run opens it (train.data.open_split), without filling a cache for one sample.
+        dataset = open_split(config, split, path, cache="none")
         try:
             sample = dataset[0]
             count = len(dataset)
@@ -329,11 +329,13 @@ def run_checks(
     """All checks; ``output_dir`` is --output-dir (None: output.dir), ``resume`` the resume
     flag given (resume, auto_resume, overwrite or None), ``run_dir`` a finished run to read
     (--run-dir) and ``tune`` the tuner's command for this config."""
-    from train.cpus import resolve_loader
+    from train.backends import launcher_dist
+    from train.data import resolve
 
     finished = run_dir  # --run-dir; run_dir below is the directory a new run would write
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("PADDLE_LOCAL_SIZE", "1")))
-    config, reason = resolve_loader(config, local_world_size=ranks)
+    ranks = launcher_dist(config.framework).local_world_size
+    resolved = resolve(config, local_world_size=ranks, stage=None)  # remote data: check_remote
+    config, reason = resolved.config, resolved.workers_reason
     checks = []
     train_check, sample = check_dataset(config, "train", config.data.train)
     val_check, _ = check_dataset(config, "val", config.data.val)

@@ -47,26 +47,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, weights: bool = False) 
 
 
 def evaluate(config, backend, dataset) -> dict:
-    """One pass over ``dataset`` with the backend's model: the task's metric, the sample count,
-    then the task's breakdowns (OCR: the accuracy per label length). ``config.loader`` has its
-    worker count resolved (train.cpus.resolve_loader)."""
+    """One pass over ``dataset`` with the backend's model (train/validation.py's, as training
+    evaluates): the task's metric, the sample count, then the task's breakdowns. ``config`` is
+    resolved (train.data.resolve)."""
     from datasets.sampler import EpochSampler
-    from train import tasks
+    from train import validation
 
     loader = backend.make_loader(
         dataset, EpochSampler(len(dataset), shuffle=False), config.loader, train=False
     )
-    task = tasks.get(config.task)
-    metric = task.metric()
-    breakdowns = {key: make() for key, make in task.breakdowns}
-    samples = 0
-    for batch in backend.device_batches(loader):
-        predicted, labels = backend.predict(batch), backend.batch_labels(batch)
-        for accumulator in (metric, *breakdowns.values()):
-            accumulator.update(predicted, labels)
-        samples += len(predicted)
-    result = {**metric.summarize(metric.state()), "samples": samples}
-    return result | {key: breakdown.summarize() for key, breakdown in breakdowns.items()}
+    return validation.evaluate(backend, loader, config.task, breakdowns=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,16 +82,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _evaluate_command(args: argparse.Namespace) -> int:
-    from train import inference, tasks
-    from train.config.load import load_config
-    from train.cpus import resolve_loader
+    from train import inference
+    from train.data import open_split
 
-    if args.weights:
-        model = None
-        config = load_config(args.config, ["model.init_from=null", *args.overrides])
-    else:
-        model = inference.find_checkpoint(args.checkpoint or args.run)
-        config = inference.run_config(model, args.config, args.overrides)
+    # The config's own validation data is staged when remote; --data paths are read as given.
+    stage = None if args.data else ("val",)
+    model = None if args.weights else inference.find_checkpoint(args.checkpoint or args.run)
+    config = inference.run_config(model, args.config, args.overrides, stage)
     data_paths = args.data or ([config.data.val] if config.data.val else [])
     if not data_paths:
         print("error: the config has no data.val. HINT: pass --data PATH", file=sys.stderr)
@@ -109,7 +96,7 @@ def _evaluate_command(args: argparse.Namespace) -> int:
     datasets, backend, reports = [], None, []
     try:
         for path in data_paths:
-            datasets.append(tasks.get(config.task).open_dataset(config.data, path, train=False))
+            datasets.append(open_split(config, "val", path))
         labels = inference.labels_of(config)
         if model is None:
             backend = inference.load_weights(args.weights, config, labels)
@@ -117,7 +104,6 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         else:
             backend = inference.load_backend(model, config, labels)
             origin = {"checkpoint": str(model.checkpoint)}
-        config, _ = resolve_loader(config)
         for path, dataset in zip(data_paths, datasets):
             metrics = evaluate(config, backend, dataset)
             reports.append({**origin, "data": str(path), **metrics})

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets import sources
+from datasets.sources import IMAGE_SUFFIXES
 from train import checkpoint, tasks
 from train.config.load import RESOLVED_NAME
 from train.tasks import CONTRACT_FILE, TAG_SEPARATOR
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
 class InferenceError(Exception):
@@ -77,17 +77,24 @@ _CHECKPOINT_HINT = (
 )
 
 
-def run_config(model: TrainedModel, config_path: str | None = None, overrides=()):
-    """The config of the run that wrote ``model`` (or ``config_path``), with ``overrides``.
+def run_config(
+    model: TrainedModel | None,
+    config_path: str | None = None,
+    overrides=(),
+    stage: tuple[str, ...] | None = None,
+):
+    """The config of the run that wrote ``model`` (or ``config_path``), with ``overrides``,
+    resolved for this host (train.data.resolve; the s3:// inputs of ``stage`` staged).
     model.init_from is dropped: its weights are in the checkpoint, and its file may be gone."""
     from train.config.load import load_config
+    from train.data import resolve
 
     path = Path(config_path) if config_path else model.run_dir / RESOLVED_NAME
     if not path.is_file():
         raise InferenceError(
             f"{path} not found. HINT: pass --config with the scenario the run was trained with"
         )
-    return load_config(path, ["model.init_from=null", *overrides])
+    return resolve(load_config(path, ["model.init_from=null", *overrides]), stage=stage).config
 
 
 def labels_of(config) -> list[str]:
@@ -233,32 +240,22 @@ DECODERS = {  # by Task.loss
 def read_inputs(
     paths: list[str], task_name: str | None = None
 ) -> Iterator[tuple[str, bytes, object]]:
-    """(name, encoded image, label or None) for each image of ``paths``: image files, folders
-    (searched recursively), an OCR LMDB (a folder with data.mdb) or an HDF5 file of images,
-    whose labels are those ``task_name`` reads (Task.label_source; default: the class)."""
+    """(name, encoded image, label or None) for each image of ``paths``, each path read as
+    datasets/sources.py finds it: an image file; an image folder, searched recursively for image
+    files (no class folders needed); an OCR LMDB (tree); an HDF5 file of images, whose labels
+    are those ``task_name`` reads (Task.label_source; default: the class)."""
     task = tasks.get(task_name) if task_name else None
     for given in map(Path, paths):
-        if given.is_dir() and any(given.rglob("data.mdb")):
-            from datasets.lmdb_ocr import LmdbOcrSource
-
-            yield from _records(LmdbOcrSource(given))
-        elif given.is_dir():
+        found = sources.detect_format(given)
+        if found == sources.IMAGE_FILE:
+            yield str(given), given.read_bytes(), None
+        elif found == sources.IMAGE_FOLDER:
             files = sorted(p for p in given.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
             yield from ((str(p), p.read_bytes(), None) for p in files)
-        elif given.suffix.lower() in (".h5", ".hdf5"):
-            from datasets.hdf5_images import Hdf5ImageSource
-
-            if task is not None and task.label_source is not None:
-                yield from _records(task.label_source(given))
-            else:
-                yield from _records(Hdf5ImageSource(given))
-        elif given.is_file():
-            yield str(given), given.read_bytes(), None
+        elif found == sources.HDF5 and task is not None and task.label_source is not None:
+            yield from _records(task.label_source(given))
         else:
-            raise InferenceError(
-                f"{given} does not exist. HINT: give image files, folders of images, an OCR "
-                "LMDB folder or an HDF5 file"
-            )
+            yield from _records(sources.open_source(given, (found,), reader="train.predict"))
 
 
 def _records(source) -> Iterator[tuple[str, bytes, object]]:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from train import checkpoint, faults, stall, tasks
-from train.data import RunData, make_loaders
+from train.data import RunData
 from train.errors import WorkerDiedError, out_of_memory_named
 from train.nonfinite import NonFiniteSteps
 from train.stops import (
@@ -28,8 +28,7 @@ log = logging.getLogger("train")
 
 def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool) -> dict:
     """Run to train.max_steps or train.epochs, whichever comes first; return the summary.
-    ``config.loader.num_workers`` is resolved (train.cpus.resolve_loader, then the /dev/shm
-    policy)."""
+    ``config`` is resolved (train.data.resolve, then the /dev/shm policy)."""
     run = Run(config, backend, dist, data, run_dir, resume)
     while run.position.step < run.total_steps:
         epoch_ended = run.train_epoch()
@@ -51,8 +50,8 @@ class Run:
         self.config, self.backend, self.dist, self.data = config, backend, dist, data
         self.run_dir, self.train_cfg = run_dir, config.train
         self.batch_size = config.loader.batch_size
-        self.sampler, self.loader, self.val_sampler, self.val_loader = make_loaders(
-            config, backend, dist, data
+        self.sampler, self.loader, self.val_sampler, self.val_loader = data.loaders(
+            config, backend, dist
         )
         self.steps_per_epoch = len(self.sampler) // self.batch_size
         self.total_steps = checkpoint.last_step(

@@ -41,6 +41,7 @@ from datasets.cache import MEMORY_FILE
 from datasets.handles import process_alive
 from datasets.in_flight import STATE_FILE as IN_FLIGHT_FILE
 from train import tasks
+from train.config.schema import batches_in_flight
 from train.errors import ShmTooSmallError
 
 log = logging.getLogger("train")
@@ -96,11 +97,11 @@ def uses_shm(config) -> bool:
 
 
 def plan(config, local_ranks: int, sample: dict | None = None) -> ShmPlan:
-    """The /dev/shm need of ``config``, whose loader.num_workers is resolved
-    (train.cpus.resolve_loader)."""
+    """The /dev/shm need of ``config``, whose loader section is resolved (train.data.resolve)."""
     loader = config.loader
-    prefetch = loader.prefetch_factor or 2
-    in_flight = prefetch * loader.num_workers + 2 if uses_shm(config) else 0
+    in_flight = 0
+    if uses_shm(config):
+        in_flight = batches_in_flight(loader.num_workers, loader.prefetch_factor)
     # The validation loader's workers are alive at the same time only when persistent.
     loaders = 2 if (config.data.val and loader.persistent_workers) else 1
     batch = max(loader.batch_size, loader.eval_batch_size or 0) * sample_bytes(config, sample)
@@ -120,7 +121,6 @@ def shm_free_bytes(path: str = SHM_PATH) -> int:
 # trainer unlinks the file once it has taken the batch. Batches still queued when the trainer or
 # a worker is killed (kill -9, the OOM killer, a crash) are never taken: their files stay until
 # the tmpfs goes, which on a host is never and in a Kubernetes pod outlives container restarts.
-# This host had 224 of them (315 MiB) after a day of test and benchmark runs.
 _PADDLE_BATCH_FILE = re.compile(r"paddle_(\d+)_\d+_\d+")
 # Our loaders' batch ring (datasets/batch_ring.py): the files of one trainer process,
 # used only by it and its workers (which die with it), so stale as soon as that process is gone.
@@ -314,7 +314,7 @@ def _adapt(config, local_ranks, sample, free):
     if config.framework == "paddle":
         # Paddle can hand batches over through pipes: every worker kept, no shm used.
         return _with_loader(candidate, use_shared_memory=False)
-    no_workers = _with_loader(candidate, num_workers=0, prefetch_factor=None)
+    no_workers = _with_loader(candidate, num_workers=0)
     if fits(no_workers):  # torch: no workers means no IPC at all
         return _with_loader(no_workers, persistent_workers=False)
     raise ShmTooSmallError(

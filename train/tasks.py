@@ -190,6 +190,7 @@ def _open_ocr(data, path: str, *, train: bool, seed: int = 0, **policy) -> Recor
         max_text_length=data.max_text_length,
         augment=data.augment,
         max_image_pixels=data.max_image_pixels,
+        reader="the ocr task",
         **policy,
     )
 
@@ -405,6 +406,7 @@ def open_images(data, path: str, *, train: bool, seed: int = 0, **policy) -> Rec
         image_size=data.image_size,
         eval_resize=data.eval_resize,
         max_image_pixels=data.max_image_pixels,
+        reader="the classification task",
         **policy,
     )
 

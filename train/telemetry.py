@@ -346,7 +346,7 @@ def run_telemetry(config, backend, dist, run_dir: Path) -> Telemetry:
     """The run's Telemetry: rank 0 writes; the knobs line names the loader's settings."""
     loader_cfg = config.loader
     knobs = (
-        f"workers={loader_cfg.num_workers} prefetch={loader_cfg.prefetch_factor or 2} "
+        f"workers={loader_cfg.num_workers} prefetch={loader_cfg.prefetch_factor} "
         f"persistent={loader_cfg.persistent_workers} batch={loader_cfg.batch_size}"
     )
     return Telemetry(

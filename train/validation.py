@@ -1,4 +1,5 @@
-"""One evaluation pass over the validation loader, which a stop request can interrupt."""
+"""One evaluation pass over a loader, which a stop request can interrupt: the training loop's
+evaluations and train.evaluate's alike."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ def evaluate(
     stop_flag: StopFlag | None = None,
     dist=None,
     counted: int | None = None,
+    breakdowns: bool = False,
 ) -> dict[str, float]:
     """One pass over the validation loader; the task's metric, summed over ranks. With a
     ``stop_flag``, a stop request ends the pass (EvaluationInterrupted, which carries the
@@ -27,8 +29,14 @@ def evaluate(
     repeats of samples another rank counts: still read and predicted, so every rank reads as
     many batches, but left out of the metric, so the sum over ranks counts each sample once and
     equals one rank's evaluation of the whole set. Batches arrive in the sampler's order (the
-    loaders keep it, with workers and the batch ring too), so the padding is the last rows."""
-    metric = tasks.get(task).metric()
+    loaders keep it, with workers and the batch ring too), so the padding is the last rows.
+
+    ``breakdowns``: the sample count and the task's breakdowns too (OCR: the accuracy per label
+    length), this rank's, for train.evaluate's one-process report."""
+    spec = tasks.get(task)
+    metric = spec.metric()
+    extra = {key: make() for key, make in spec.breakdowns} if breakdowns else {}
+    samples = 0
     several = dist is not None and dist.world_size > 1
     if stop_flag is None:
         host_batches = loader
@@ -45,11 +53,16 @@ def evaluate(
                 labels = {key: value[:counted] for key, value in labels.items()}
                 counted -= len(predicted)
             if len(predicted):
-                metric.update(predicted, labels)
+                for accumulator in (metric, *extra.values()):
+                    accumulator.update(predicted, labels)
+                samples += len(predicted)
             # Every rank reads as many batches (the sampler pads), so all reach each agreement.
             if several and stop_flag is not None and stop_now(stop_flag, 0, 1, dist, backend):
                 raise EvaluationInterrupted
     except EvaluationInterrupted as interrupted:
         interrupted.batches = host_batches
         raise
-    return metric.summarize(backend.all_reduce_sum(metric.state()))
+    result = metric.summarize(backend.all_reduce_sum(metric.state()))
+    if not breakdowns:
+        return result
+    return {**result, "samples": samples} | {key: b.summarize() for key, b in extra.items()}

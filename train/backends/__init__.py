@@ -13,7 +13,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from train.backends.base import Backend
+    from train.backends.base import Backend, DistInfo
 
 # config.framework -> the module and class that implement train/backends/base.py's contract.
 BACKENDS = {
@@ -22,14 +22,29 @@ BACKENDS = {
 }
 
 
-# The environment variable in which each framework's launcher (torchrun,
-# python -m paddle.distributed.launch) gives a process its rank.
-RANK_VARIABLES = {"torch": "RANK", "paddle": "PADDLE_TRAINER_ID"}
+def launcher_dist(framework: str) -> DistInfo:
+    """This process's place among the ranks, as its framework's launcher (torchrun, python -m
+    paddle.distributed.launch) set it in the environment, read without importing the framework:
+    the run directory's writer and the data's resolution know it before the backend exists, and
+    the backend's runtime reads the same. A process started alone is rank 0 of 1."""
+    from train.backends.base import DistInfo
 
-
-def launcher_rank(framework: str) -> int:
-    """This process's rank, as its launcher set it, without importing the framework."""
-    return int(os.environ.get(RANK_VARIABLES[framework], "0"))
+    env = os.environ
+    if framework == "paddle":
+        world_size = int(env.get("PADDLE_TRAINERS_NUM", "1"))
+        return DistInfo(
+            rank=int(env.get("PADDLE_TRAINER_ID", "0")),
+            world_size=world_size,
+            local_rank=int(env.get("PADDLE_LOCAL_RANK", env.get("PADDLE_RANK_IN_NODE", "0"))),
+            local_world_size=int(env.get("PADDLE_LOCAL_SIZE", str(world_size))),
+        )
+    world_size = int(env.get("WORLD_SIZE", "1"))
+    return DistInfo(
+        rank=int(env.get("RANK", "0")),
+        world_size=world_size,
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world_size))),
+    )
 
 
 def make_backend(config) -> Backend:

@@ -37,6 +37,7 @@ from train.backends import gpu_probe
 from train.backends.base import DeviceUnavailableError, DistInfo
 from train.backends.gpu_probe import FrameworkCuda
 from train.backends.gpu_verdicts import no_cuda_reason, unrunnable_gpu
+from train.config.schema import DEFAULT_PREFETCH_FACTOR, batches_in_flight
 from train.tasks import CrnnWidths
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,9 @@ def stack_samples(samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
 
 
 def ring_slots(knobs: LoaderKnobs) -> int:
-    """Slots of a loader's batch ring (datasets/batch_ring.py): the batches in flight that
-    train.preflight's /dev/shm plan counts for one loader, prefetch_factor per worker and 2
-    held by the trainer."""
-    return (knobs.prefetch_factor or 2) * knobs.num_workers + 2
+    """Slots of a loader's batch ring (datasets/batch_ring.py): one per batch in flight, as
+    train.preflight's /dev/shm plan counts them."""
+    return batches_in_flight(knobs.num_workers, knobs.prefetch_factor)
 
 
 @dataclass(frozen=True)
@@ -102,20 +102,21 @@ class LoaderKnobs:
     batch_size: int
     drop_last: bool = True
     num_workers: int = 0
-    prefetch_factor: int | None = None  # None: 2 batches in flight per worker
+    prefetch_factor: int = DEFAULT_PREFETCH_FACTOR  # batches in flight per worker
     persistent_workers: bool = False
     multiprocessing_context: str | None = None  # None: the platform's default start method
     timeout_s: float = 0.0  # no batch for this long is an error; 0: wait forever
 
     @classmethod
     def of(cls, loader_config, train: bool) -> LoaderKnobs:
-        """``loader_config`` is a train.config.schema.LoaderConfig whose num_workers is resolved
-        (train.cpus.resolve_loader)."""
+        """``loader_config`` is a train.config.schema.LoaderConfig whose num_workers is a count:
+        a resolved config's (train.data.resolve), or one a test or tool set itself."""
         if not isinstance(loader_config.num_workers, int):
             raise ValueError(
                 f"loader.num_workers is {loader_config.num_workers!r}: a loader takes a count "
-                "(resolve it first with train.cpus.resolve_loader)"
+                "(resolve the config first with train.data.resolve)"
             )
+        loader_config = loader_config.resolved(loader_config.num_workers)
         batch_size, drop_last = loader_config.batching(train)
         return cls(
             batch_size=batch_size,

@@ -11,7 +11,6 @@ import yaml
 
 from train.config.errors import ConfigError
 from train.config.load import add_overrides_argument, load_config
-from train.cpus import resolve_loader
 
 
 def lookup(resolved: dict, key: str):
@@ -51,8 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         print(value if isinstance(value, str) else json.dumps(value))
         return 0
     sys.stdout.write(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    resolved, reason = resolve_loader(config)
-    print(f"# loader.num_workers on this machine: {resolved.loader.num_workers} ({reason})")
+    from train.data import resolve  # the data layer: only for the worker count, not for --get
+
+    resolved = resolve(config, stage=None)
+    loader = resolved.config.loader
+    print(
+        f"# loader.num_workers on this machine: {loader.num_workers} ({resolved.workers_reason}); "
+        f"prefetch_factor: {loader.prefetch_factor}"
+    )
     return 0
 
 

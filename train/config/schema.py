@@ -24,6 +24,19 @@ from train.config.fields import (  # noqa: F401  (re-exported: the schema's type
 )
 
 GIB = 1024**3
+# Batches each loader worker keeps in flight when loader.prefetch_factor is unset (both
+# frameworks' own default); resolution (train.data.resolve) writes it into the config.
+DEFAULT_PREFETCH_FACTOR = 2
+# Batches the trainer holds besides the workers' (the one training, the next staged): they count
+# against /dev/shm and the batch ring's slots as the workers' do.
+TRAINER_HELD_BATCHES = 2
+
+
+def batches_in_flight(num_workers: int, prefetch_factor: int) -> int:
+    """Batches of one loader alive at once: ``prefetch_factor`` per worker and those the trainer
+    holds. The /dev/shm plan (train/preflight.py) counts them, and a batch ring has one slot each
+    (train/backends/common.py's ring_slots)."""
+    return prefetch_factor * num_workers + TRAINER_HELD_BATCHES
 
 
 # ---------------------------------------------------------------- one dataclass per section
@@ -32,7 +45,8 @@ class LoaderConfig:
     batch_size: PositiveInt = 64  # per rank
     eval_batch_size: PositiveInt | None = None  # None: batch_size
     num_workers: WorkerCount | Literal["auto"] = "auto"  # see train.cpus.resolve_num_workers
-    prefetch_factor: PositiveInt | None = None  # batches in flight per worker; None: 2
+    # batches in flight per worker; None: DEFAULT_PREFETCH_FACTOR (set only with workers)
+    prefetch_factor: PositiveInt | None = None
     persistent_workers: bool = False  # keep workers (and their open files) across epochs
     pin_memory: bool = True  # torch: page-locked batches copy to the GPU asynchronously
     # torch on CUDA: copy and normalize the next batch on a side stream while this one trains;
@@ -48,6 +62,12 @@ class LoaderConfig:
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever
     drop_last: bool = True  # training drops the last partial batch (evaluation never does)
+
+    def resolved(self, num_workers: int) -> LoaderConfig:
+        """This section as loaders read it: ``num_workers`` a count (train.data.resolve decides
+        it once) and prefetch_factor a count, DEFAULT_PREFETCH_FACTOR where unset."""
+        prefetch = self.prefetch_factor or DEFAULT_PREFETCH_FACTOR
+        return dataclasses.replace(self, num_workers=num_workers, prefetch_factor=prefetch)
 
     def batching(self, train: bool) -> tuple[int, bool]:
         """(batch size, drop last) for a train or an evaluation loader: evaluation uses

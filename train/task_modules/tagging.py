@@ -35,6 +35,7 @@ def _open_tagged(data, path: str, *, train: bool, seed: int = 0, **policy):
         image_size=data.image_size,
         eval_resize=data.eval_resize,
         max_image_pixels=data.max_image_pixels,
+        reader="the tagging task",
         **policy,
     )
 
@@ -74,9 +75,9 @@ def _sample_bytes(data) -> int:
     """RGB image and float32 multi-hot tags (their count read from data.train when local)."""
     tags = ASSUMED_TAGS
     if Path(data.train).is_file():
-        from datasets.hdf5_images import Hdf5TagSource
+        from datasets.sources import open_tag_source
 
-        source = Hdf5TagSource(data.train)
+        source = open_tag_source(data.train, reader="the tagging task")
         tags = len(source.class_names)
         source.close()
     return 3 * data.image_size**2 + 4 * tags
@@ -90,9 +91,9 @@ def _tags_text(label, labels) -> str:
 
 
 def _tag_source(path):
-    from datasets.hdf5_images import Hdf5TagSource
+    from datasets.sources import open_tag_source
 
-    return Hdf5TagSource(path)
+    return open_tag_source(path, reader="the tagging task")
 
 
 TASK = Task(

@@ -211,15 +211,16 @@ class LoaderCpu:
 def loader_cpu(
     config, backend, dataset, workers: int, ring: bool, on_device: bool, batches: int
 ) -> LoaderCpu:
-    """The backend's loader at ``workers`` (prefetch 2, ``ring``), one epoch of ``batches``
+    """The backend's loader at ``workers`` (default prefetch, ``ring``), one epoch of ``batches``
     taken as the measured runs take them (train/tune/verify.py, batches_of) after the workers'
     first round: CPU seconds per batch on each side."""
     from datasets.sampler import EpochSampler
+    from train.config.schema import DEFAULT_PREFETCH_FACTOR
 
     loader_cfg = dataclasses.replace(
         config.loader,
         num_workers=workers,
-        prefetch_factor=2 if workers else None,
+        prefetch_factor=DEFAULT_PREFETCH_FACTOR,
         batch_ring=ring,
         persistent_workers=False,
     )

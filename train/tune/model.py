@@ -38,6 +38,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from datasets.cache import DEFAULT_CACHE_MAX_BYTES
+
 # Bottlenecks, by name, and the sentence the tuner's report and tuned.yaml give each.
 GPU, CPU, DISK, SHM, HANDOVER = "gpu", "cpu", "disk", "shm", "handover"
 BOTTLENECK_TEXT = {
@@ -100,7 +102,7 @@ class Target:
     step_s: float  # the device's step, per rank
     local_ranks: int = 1  # ranks on this node: each has its own loader and a share of cores
     step_on_cpu: bool = False  # the step is computed on this host's CPU (train.device: cpu)
-    cache_max_bytes: int = 2 << 30  # data.cache_max_bytes
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES  # data.cache_max_bytes
     shm_need: object = None  # (Candidate) -> bytes of /dev/shm it needs for every rank
 
 

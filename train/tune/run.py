@@ -59,7 +59,7 @@ def configured(config) -> model.Candidate:
     if loader.num_workers == 0:
         return model.Candidate(0, 1, config.data.cache, False)
     return model.Candidate(
-        loader.num_workers, loader.prefetch_factor or 2, config.data.cache, loader.batch_ring
+        loader.num_workers, loader.prefetch_factor, config.data.cache, loader.batch_ring
     )
 
 
@@ -75,14 +75,17 @@ def prepare(config, step_ms: float | None, local_ranks: int, held: list):
     process). ``held`` gets the backend's shutdown. With ``step_ms`` the device is elsewhere:
     a config asking for a GPU runs its loader here, on whatever device this host has."""
     from train.backends import make_backend
-    from train.cpus import resolve_loader
-    from train.data import stage_remote
+    from train.data import resolve
 
     if step_ms is not None and config.train.device == "gpu":
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, device="auto"))
-    config = dataclasses.replace(config, data=stage_remote(config))
-    config, reason = resolve_loader(config, local_world_size=local_ranks)
-    log.info("the scenario's num_workers here: %d (%s)", config.loader.num_workers, reason)
+    resolved = resolve(config, local_world_size=local_ranks)
+    config = resolved.config
+    log.info(
+        "the scenario's num_workers here: %d (%s)",
+        config.loader.num_workers,
+        resolved.workers_reason,
+    )
     level = logging.getLogger().level
     backend = make_backend(config)
     held.append(backend.shutdown)

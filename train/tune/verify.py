@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from datasets.sampler import EpochSampler
-from train import tasks
-from train.data import sample_policy
+from train.data import open_split
 from train.tune.model import Candidate
 
 
@@ -108,11 +107,8 @@ def failures_named(config, dataset):
 
 
 def open_train_dataset(config, cache: str):
-    """The training data as training opens it (train/data.py's sample policy), with ``cache``."""
-    data = dataclasses.replace(config.data, cache=cache)
-    return tasks.get(config.task).open_dataset(
-        data, data.train, train=True, seed=config.seed, **sample_policy(data)
-    )
+    """The training data as training opens it (train.data.open_split), with ``cache``."""
+    return open_split(config, "train", cache=cache)
 
 
 @dataclass

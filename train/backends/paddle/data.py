@@ -334,7 +334,7 @@ def make_loader(
         collate_fn=collate,
         use_buffer_reader=workers or not on_cpu,
         use_shared_memory=use_shared_memory,
-        prefetch_factor=knobs.prefetch_factor or 2,
+        prefetch_factor=knobs.prefetch_factor,
         # Not loader.timeout_s: in Paddle this is the dead-worker poll interval (0 = 5 s).
         timeout=0,
         worker_init_fn=_worker_init if workers else None,

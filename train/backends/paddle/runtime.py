@@ -14,7 +14,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from train.backends import common
+from train.backends import common, launcher_dist
 from train.backends.base import DeviceUnavailableError, DistInfo
 from train.backends.gpu_probe import FrameworkCuda
 
@@ -32,20 +32,12 @@ class PaddleRuntime(common.RuntimeBase):
         self.gpu_id: int | None = None  # None: CPU
 
     def init_distributed(self) -> DistInfo:
-        env = os.environ  # set by python -m paddle.distributed.launch
-        world_size = int(env.get("PADDLE_TRAINERS_NUM", "1"))
-        local_rank = int(env.get("PADDLE_LOCAL_RANK", env.get("PADDLE_RANK_IN_NODE", "0")))
-        self.dist = DistInfo(
-            rank=int(env.get("PADDLE_TRAINER_ID", "0")),
-            world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=int(env.get("PADDLE_LOCAL_SIZE", str(world_size))),
-        )
+        self.dist = launcher_dist("paddle")  # set by python -m paddle.distributed.launch
         self.gpu_id = self._pick_gpu()
         _allow_tf32()
         device = "cpu" if self.gpu_id is None else f"gpu:{self.gpu_id}"
         paddle.set_device(device)
-        if world_size > 1 and not dist.is_initialized():
+        if self.dist.world_size > 1 and not dist.is_initialized():
             # The NCCL process group's timeout (ms), which Paddle 2.6 reads from the environment
             # in init_parallel_env (ParallelEnv; its default is 30 min).
             os.environ["PADDLE_PG_TIMEOUT"] = str(int(self.train.dist_timeout_s * 1000))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from train.backends import common
+from train.backends import common, launcher_dist
 from train.backends.base import DeviceUnavailableError, DistInfo
 from train.backends.gpu_probe import FrameworkCuda
 
@@ -33,14 +33,8 @@ class TorchRuntime(common.RuntimeBase):
         self.device = torch.device("cpu")  # until init_distributed picks one
 
     def init_distributed(self) -> DistInfo:
-        env = os.environ
-        world_size = int(env.get("WORLD_SIZE", "1"))
-        self.dist = DistInfo(
-            rank=int(env.get("RANK", "0")),
-            world_size=world_size,
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world_size))),
-        )
+        self.dist = launcher_dist("torch")
+        world_size = self.dist.world_size
         self.device = self._pick_device()
         _allow_tf32()
         if self.device.type == "cuda":
