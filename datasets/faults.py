@@ -14,7 +14,7 @@ makes every sample take 200 ms more to read, as slow storage would (a long evalu
     DATA_INJECT_FAULT=startdelay@3
 
 makes every loader worker sleep 3 s as it starts, before it binds itself to the trainer's
-lifetime: the window in which a trainer killed with -9 used to leave workers behind forever.
+lifetime: the window in which a trainer killed with -9 would otherwise leave workers behind.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ kernel does to its process tree:
 - interrupt_kernel() sends SIGINT to the kernel's group, so again not to the workers: the
   iterator survives the interrupt. The cell waits in next() (the loop is data-starved), so the
   KeyboardInterrupt's traceback holds the iterator's frames, and IPython keeps that traceback
-  (sys.last_traceback, InteractiveTB.tb, for %debug): `del it` alone used to leave the workers
+  (sys.last_traceback, InteractiveTB.tb, for %debug): `del it` alone would leave the workers
   running until the next error or a restart. So the backends stop an epoch's workers when an
   interrupt leaves next() (torch: _EpochLoader; Paddle: with_deadline closes the epoch).
 
