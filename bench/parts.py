@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 from bench.runner import ROOT, aggregate, interleaved
+from train.config.schema import DEFAULT_PREFETCH_FACTOR
 
 # The configuration docs/benchmarks.md recommends: one worker per core, default prefetch.
-RECOMMENDED = {"prefetch": 2, "persistent": True}
+RECOMMENDED = {"prefetch": DEFAULT_PREFETCH_FACTOR, "persistent": True}
 
 
 def _ratio(a, b):
@@ -225,7 +226,7 @@ def knob_matrix(runner, preset: dict, data: dict, framework: str, log) -> list[d
     rows = []
     for label, _, spec in arms:
         summary = aggregate(trials[label])
-        prefetch = spec.get("prefetch", 2) if spec["workers"] else 0
+        prefetch = spec.get("prefetch", DEFAULT_PREFETCH_FACTOR) if spec["workers"] else 0
         rows.append(
             {
                 "config": label,

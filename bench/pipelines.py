@@ -34,11 +34,16 @@ class Pipeline:
     )
 
 
-def _loader_knobs(spec: dict) -> dict:
+def _loader_knobs(spec: dict, torch_dataloader: bool = False) -> dict:
+    """The spec's loader knobs; ``torch_dataloader``: as torch's own DataLoader takes them, which
+    refuses a prefetch_factor without workers."""
+    from train.config.schema import DEFAULT_PREFETCH_FACTOR
+
     workers = spec["workers"] > 0
+    prefetch = spec.get("prefetch", DEFAULT_PREFETCH_FACTOR)
     return {
         "num_workers": spec["workers"],
-        "prefetch_factor": spec.get("prefetch", 2) if workers else None,
+        "prefetch_factor": None if torch_dataloader and not workers else prefetch,
         "persistent_workers": bool(spec.get("persistent", False)) and workers,
     }
 
@@ -128,7 +133,7 @@ def _torchvision_ref(spec: dict) -> Pipeline:
         sampler=sampler,
         pin_memory=spec.get("pin", True),  # the reference always pins
         drop_last=True,
-        **_loader_knobs(spec),
+        **_loader_knobs(spec, torch_dataloader=True),
     )
     handover = "torch_shared_collate" if spec["workers"] else None
     return Pipeline(lambda e: iter(loader), handover=handover)
@@ -222,7 +227,7 @@ def _paddleocr_peer(spec: dict) -> Pipeline:
         dataset,
         batch_sampler=batch_sampler,
         num_workers=knobs["num_workers"],
-        prefetch_factor=knobs["prefetch_factor"] or 2,
+        prefetch_factor=knobs["prefetch_factor"],
         persistent_workers=knobs["persistent_workers"],
         use_shared_memory=spec.get("shm", True),
         return_list=True,

@@ -50,8 +50,8 @@ def make_config(framework: str, task: str, data_path: Path, **sections) -> Confi
 
 def start(config: Config, seed: int | None = None):
     backend = make_backend(config)
-    backend.init_distributed()
-    backend.seed_everything(config.seed if seed is None else seed, config.deterministic)
+    backend.runtime.init_distributed()
+    backend.runtime.seed_everything(config.seed if seed is None else seed, config.deterministic)
     return backend
 
 
@@ -71,8 +71,8 @@ def first_batches(backend, config: Config, count: int) -> tuple[list, int]:
     """The first ``count`` device batches of epoch 0 (loaded in the main process), cycled when
     the dataset has fewer."""
     dataset, num_classes = open_dataset(config)
-    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
-    batches = list(itertools.islice(backend.device_batches(loader), count))
+    loader = backend.batches.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
+    batches = list(itertools.islice(backend.batches.device_batches(loader), count))
     return [batches[i % len(batches)] for i in range(count)], num_classes
 
 
@@ -81,11 +81,11 @@ def host_batches(backend, dataset, config: Config, workers: int, epochs: int) ->
     arrays on the host."""
     sampler = EpochSampler(len(dataset), seed=config.seed)
     with_workers = dataclasses.replace(config.loader, num_workers=workers)
-    loader = backend.make_loader(dataset, sampler, with_workers, True)
+    loader = backend.batches.make_loader(dataset, sampler, with_workers, True)
     batches = []
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
-        batches += [{k: backend.to_numpy(v) for k, v in batch.items()} for batch in loader]
+        batches += [{k: backend.batches.to_numpy(v) for k, v in batch.items()} for batch in loader]
     return batches
 
 

@@ -164,7 +164,7 @@ def test_paddleocr_text_recognizer_runs_the_export_as_predict_does(
     config = inference.run_config(model)
     backend = inference.load_backend(model, config, inference.labels_of(config))
     batch = inference.preprocess(spec, [data for data, _ in records[:8]])
-    checkpoint_probabilities = inference.softmax(backend.infer(batch))
+    checkpoint_probabilities = inference.softmax(backend.exporter.infer(batch))
     np.testing.assert_allclose(paddleocr_probabilities, checkpoint_probabilities, atol=1e-5)
 
 
@@ -204,7 +204,7 @@ def test_onnx_export_gives_the_checkpoints_argmax(
     model = inference.find_checkpoint(run)
     config = inference.run_config(model)
     backend = inference.load_backend(model, config, inference.labels_of(config))
-    expected = inference.softmax(backend.infer(batch))
+    expected = inference.softmax(backend.exporter.infer(batch))
     session = onnxruntime.InferenceSession(str(export / "model.onnx"))
     got = session.run(None, {"images": batch})[0]
 

@@ -70,11 +70,13 @@ def test_overfits_one_batch_and_predicts_in_the_contracts_layout(framework, task
     backend = start(config)
     (batch,), num_classes = first_batches(backend, config, 1)
     build(backend, config, num_classes, total_steps=OVERFIT_STEPS)
-    losses = [backend.to_float(backend.train_step(batch)) for _ in range(OVERFIT_STEPS)]
+    losses = [
+        backend.trainer.to_float(backend.trainer.train_step(batch)) for _ in range(OVERFIT_STEPS)
+    ]
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.5 * losses[0], losses
 
-    predicted = backend.predict(batch)
+    predicted = backend.trainer.predict(batch)
     assert predicted.dtype == np.int64
     if task == "ocr":
         assert predicted.shape == (8, 40)  # W 160 / 4 time steps
@@ -83,8 +85,8 @@ def test_overfits_one_batch_and_predicts_in_the_contracts_layout(framework, task
         assert predicted.shape == (8, 5)
         assert (predicted[:, 4] == -1).all() and (predicted[:, :4] >= 0).all()
         assert sorted(predicted[0, :4]) == [0, 1, 2, 3]
-    assert backend.num_parameters() > 0
-    assert backend.current_lr() == pytest.approx(config.optim.lr)
+    assert backend.trainer.num_parameters() > 0
+    assert backend.trainer.current_lr() == pytest.approx(config.optim.lr)
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -92,9 +94,9 @@ def test_device_batches_normalize_on_the_device_and_keep_labels(framework, task,
     config = make_config(framework, task, data_of[task])
     backend = start(config)
     dataset, _ = open_dataset(config)
-    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
-    host = {key: backend.to_numpy(value) for key, value in next(iter(loader)).items()}
-    batch = next(iter(backend.device_batches(loader)))  # same sampler epoch: the same batch
+    loader = backend.batches.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
+    host = {key: backend.batches.to_numpy(value) for key, value in next(iter(loader)).items()}
+    batch = next(iter(backend.batches.device_batches(loader)))  # same sampler epoch: the same batch
 
     pixels = host["image"]
     assert pixels.dtype == np.uint8  # uint8 all the way to the device
@@ -102,12 +104,12 @@ def test_device_batches_normalize_on_the_device_and_keep_labels(framework, task,
     mean = np.array(spec.mean).reshape(1, 1, 1, -1)
     std = np.array(spec.std).reshape(1, 1, 1, -1)
     expected = ((pixels / 255 - mean) / std).transpose(0, 3, 1, 2)  # NHWC -> NCHW
-    image = backend.to_numpy(batch["image"])
+    image = backend.batches.to_numpy(batch["image"])
     assert image.dtype == np.float32 and image.shape == expected.shape
     np.testing.assert_allclose(image, expected, rtol=0, atol=1e-5)
 
     assert set(batch) == set(host) == {"image", *spec.label_keys}
-    labels = backend.batch_labels(batch)
+    labels = backend.batches.batch_labels(batch)
     assert set(labels) == set(spec.label_keys)
     for key, value in labels.items():
         assert isinstance(value, np.ndarray) and value.dtype == host[key].dtype
@@ -143,21 +145,25 @@ def test_a_resumed_run_continues_bit_identically(framework, task, data_of, tmp_p
 
     whole = start(config)
     build(whole, config, num_classes, total_steps=6)
-    losses = [whole.to_float(whole.train_step(batch)) for batch in batches]
+    losses = [whole.trainer.to_float(whole.trainer.train_step(batch)) for batch in batches]
 
     first = start(config)
     build(first, config, num_classes, total_steps=6)
-    assert [first.to_float(first.train_step(batch)) for batch in batches[:2]] == losses[:2]
-    first.save_state(tmp_path)
+    assert [
+        first.trainer.to_float(first.trainer.train_step(batch)) for batch in batches[:2]
+    ] == losses[:2]
+    first.state.save_state(tmp_path)
 
     resumed = start(config, seed=12345)  # another seed: everything must come from the files
     build(resumed, config, num_classes, total_steps=6)
-    resumed.load_state(tmp_path)
-    assert resumed.current_lr() == first.current_lr()
-    assert [resumed.to_float(resumed.train_step(batch)) for batch in batches[2:]] == losses[2:]
-    assert resumed.current_lr() == whole.current_lr()
+    resumed.state.load_state(tmp_path)
+    assert resumed.trainer.current_lr() == first.trainer.current_lr()
+    assert [
+        resumed.trainer.to_float(resumed.trainer.train_step(batch)) for batch in batches[2:]
+    ] == losses[2:]
+    assert resumed.trainer.current_lr() == whole.trainer.current_lr()
     for batch in batches[:2]:
-        np.testing.assert_array_equal(resumed.predict(batch), whole.predict(batch))
+        np.testing.assert_array_equal(resumed.trainer.predict(batch), whole.trainer.predict(batch))
 
 
 def test_grad_clip_bounds_the_norm_of_all_gradients_together(framework, ocr_lmdb):
@@ -173,13 +179,13 @@ def test_grad_clip_bounds_the_norm_of_all_gradients_together(framework, ocr_lmdb
     def weights() -> list[np.ndarray]:
         params = backend.trainer.net.parameters()
         return [
-            backend.to_numpy(p.detach()).astype(np.float64)
+            backend.batches.to_numpy(p.detach()).astype(np.float64)
             for p in params
             if getattr(p, "trainable", getattr(p, "requires_grad", False))
         ]
 
     before = weights()
-    backend.train_step(batch)
+    backend.trainer.train_step(batch)
     moved = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(before, weights())))
     assert moved == pytest.approx(clip, rel=1e-3)
 
@@ -192,7 +198,7 @@ def checkpoint(framework, ocr_lmdb, tmp_path):
     build(backend, config, num_classes=5, total_steps=10)
     directory = tmp_path / "ckpt"
     directory.mkdir()
-    backend.save_state(directory)
+    backend.state.save_state(directory)
     return backend, directory
 
 
@@ -207,10 +213,10 @@ def test_load_state_runs_no_pickled_code(checkpoint, tmp_path):
         marker = tmp_path / f"ran-{name}"
         (directory / name).write_bytes(pickle.dumps({"state": Payload(marker)}, protocol=2))
         with pytest.raises(UnsafeCheckpointError, match="refused to load .*" + name):
-            backend.load_state(directory)
+            backend.state.load_state(directory)
         assert not marker.exists(), name
         (directory / name).write_bytes(original)
-    backend.load_state(directory)  # restored: loads again
+    backend.state.load_state(directory)  # restored: loads again
 
 
 def test_load_state_names_a_missing_file(checkpoint):
@@ -219,7 +225,7 @@ def test_load_state_names_a_missing_file(checkpoint):
         original = path.read_bytes()
         path.unlink()
         with pytest.raises(FileNotFoundError, match=path.name.replace(".", r"\.")):
-            backend.load_state(directory)
+            backend.state.load_state(directory)
         path.write_bytes(original)
 
 
@@ -230,8 +236,8 @@ def test_evaluation_loader_uses_eval_batch_size_and_keeps_the_last_batch(framewo
     backend = start(config)
     dataset, _ = open_dataset(config)
     sampler = EpochSampler(len(dataset), shuffle=False)
-    train = backend.make_loader(dataset, sampler, config.loader, train=True)
-    evaluation = backend.make_loader(dataset, sampler, config.loader, train=False)
+    train = backend.batches.make_loader(dataset, sampler, config.loader, train=True)
+    evaluation = backend.batches.make_loader(dataset, sampler, config.loader, train=False)
     assert [len(batch["image"]) for batch in train] == [40, 40]  # 96 // 40: drop_last
     assert [len(batch["image"]) for batch in evaluation] == [20, 20, 20, 20, 16]  # every sample
 
@@ -277,7 +283,7 @@ def test_gpu_device_without_a_gpu_says_how_to_fix(framework, ocr_lmdb):
         if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
             pytest.skip("this host has a GPU")
     with pytest.raises(RuntimeError, match="train.device: cpu"):
-        backend.init_distributed()
+        backend.runtime.init_distributed()
 
 
 def test_each_loss_kind_has_a_loss_and_a_decoding_in_the_backend(framework):

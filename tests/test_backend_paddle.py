@@ -26,6 +26,7 @@ from datasets.ocr_transforms import CharDict
 from datasets.sampler import EpochSampler
 from tests.backends import build, first_batches, make_config, open_dataset, start
 from train.checkpoint import UnsafeCheckpointError
+from train.launch import launch_command
 from train.metrics import ctc_greedy_decode
 
 pytestmark = pytest.mark.paddle
@@ -74,7 +75,7 @@ def test_resumed_run_is_bit_identical(ocr_lmdb, tmp_path, optimizer):
     first_half = start(config)
     build(first_half, config, num_classes, total_steps=6)
     assert overfit_each(first_half, batches[:3]) == losses[:3]
-    first_half.save_state(tmp_path)
+    first_half.state.save_state(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "model.npz",
         "optimizer.npz",
@@ -83,11 +84,11 @@ def test_resumed_run_is_bit_identical(ocr_lmdb, tmp_path, optimizer):
 
     resumed = start(config, seed=12345)  # a different seed: everything must come from disk
     build(resumed, config, num_classes, total_steps=6)
-    resumed.load_state(tmp_path)
-    assert resumed.current_lr() == first_half.current_lr()
+    resumed.state.load_state(tmp_path)
+    assert resumed.trainer.current_lr() == first_half.trainer.current_lr()
     assert overfit_each(resumed, batches[3:]) == losses[3:]
     assert resumed.trainer.step == whole.trainer.step == 6
-    assert resumed.current_lr() == whole.current_lr()
+    assert resumed.trainer.current_lr() == whole.trainer.current_lr()
     expected, got = tensors(whole), tensors(resumed)
     assert expected.keys() == got.keys()
     for name in expected:
@@ -95,7 +96,7 @@ def test_resumed_run_is_bit_identical(ocr_lmdb, tmp_path, optimizer):
 
 
 def overfit_each(backend, batches: list[dict]) -> list[float]:
-    return [backend.to_float(backend.train_step(batch)) for batch in batches]
+    return [backend.trainer.to_float(backend.trainer.train_step(batch)) for batch in batches]
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def checkpoint(ocr_lmdb, tmp_path):
     config = ocr_config(ocr_lmdb, model={"hidden_size": 16})
     backend = start(config)
     build(backend, config, open_dataset(config)[1], total_steps=10)
-    backend.save_state(tmp_path)
+    backend.state.save_state(tmp_path)
     return backend, tmp_path
 
 
@@ -113,7 +114,7 @@ def test_load_state_refuses_a_pickled_object_in_the_npz(checkpoint):
     arrays["payload"] = np.array([{"run": "code"}], dtype=object)  # needs pickle to load
     np.savez(directory / "model.npz", **arrays)
     with pytest.raises(UnsafeCheckpointError, match="'payload'.*pickled Python object"):
-        backend.load_state(directory)
+        backend.state.load_state(directory)
 
 
 def test_load_state_names_what_does_not_fit(checkpoint, ocr_lmdb):
@@ -122,7 +123,7 @@ def test_load_state_names_what_does_not_fit(checkpoint, ocr_lmdb):
     other = start(config)
     build(other, config, 63, total_steps=10)
     with pytest.raises(ValueError, match="does not fit this model.*rnn"):
-        other.load_state(directory)
+        other.state.load_state(directory)
 
 
 def test_weight_decay_skips_one_dimensional_parameters(checkpoint):
@@ -146,7 +147,7 @@ def test_persistent_workers_start_each_epoch_without_paddles_half_second_poll(oc
     backend = start(config)
     dataset, _ = open_dataset(config)
     sampler = EpochSampler(len(dataset), seed=3)
-    loader = backend.make_loader(dataset, sampler, config.loader, train=True)
+    loader = backend.batches.make_loader(dataset, sampler, config.loader, train=True)
     waits = []
     for epoch in range(4):
         sampler.set_epoch(epoch)
@@ -178,7 +179,7 @@ def test_a_stuck_worker_raises_timeout_instead_of_hanging(ocr_lmdb, monkeypatch)
     monkeypatch.setattr(compat, "atexit", exits)
     config = ocr_config(ocr_lmdb, loader={"batch_size": 2, "num_workers": 1, "timeout_s": 2})
     sampler = EpochSampler(8, shuffle=False)
-    loader = start(config).make_loader(SlowDataset(), sampler, config.loader, train=True)
+    loader = start(config).batches.make_loader(SlowDataset(), sampler, config.loader, train=True)
     earlier_workers = set(multiprocessing.active_children())
     began = time.perf_counter()
     with pytest.raises(TimeoutError, match="loader.timeout_s"):
@@ -235,22 +236,22 @@ config = config_from_dict({
     "optim": {"name": "sgd", "lr": 0.01}, "train": {"device": "cpu"},
 })
 backend = make_backend(config)
-info = backend.init_distributed()
-total = backend.all_reduce_sum(np.array([info.rank + 1.0, 0.25]))
-backend.barrier()
-backend.seed_everything(0, True)
+info = backend.runtime.init_distributed()
+total = backend.runtime.all_reduce_sum(np.array([info.rank + 1.0, 0.25]))
+backend.runtime.barrier()
+backend.runtime.seed_everything(0, True)
 backend.build(config.model, config.optim, (3, 32, 32), 4, total_steps=2)
 rng = np.random.default_rng(info.rank)  # each rank its own data
 images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
 host = {"image": paddle.to_tensor(images), "label": paddle.to_tensor(np.arange(4) % 4)}
-(batch,) = backend.device_batches([host])
-loss = backend.to_float(backend.train_step(batch))
+(batch,) = backend.batches.device_batches([host])
+loss = backend.trainer.to_float(backend.trainer.train_step(batch))
 # Trainable weights only: BatchNorm's running statistics follow each rank's own data.
 trainable = [p for p in backend.trainer.net.parameters() if p.trainable]
 checksum = float(sum(np.abs(p.numpy()).sum() for p in trainable))
 print(json.dumps({"rank": info.rank, "world": info.world_size, "sum": total.tolist(),
                   "loss": loss, "checksum": checksum}), flush=True)
-backend.shutdown()
+backend.runtime.shutdown()
 """
 
 
@@ -264,9 +265,8 @@ def test_two_process_cpu_collective_with_paddle_launch(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
     env["PYTHONPATH"] = str(ROOT)
     logs = tmp_path / "logs"
-    command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
     done = subprocess.run(
-        [*command, "--log_dir", str(logs), str(script)],
+        launch_command("paddle", sys.executable, 2, [script], log_dir=logs),
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -292,10 +292,10 @@ def test_two_process_cpu_collective_with_paddle_launch(tmp_path):
 # --- profiler -------------------------------------------------------------------------------
 def test_profile_range_is_a_record_event_only_when_profiling(ocr_lmdb):
     quiet = start(ocr_config(ocr_lmdb))
-    with quiet.profile_range("step"):
+    with quiet.runtime.profile_range("step"):
         pass
     profiling = start(ocr_config(ocr_lmdb, train={"profile": True}))
-    marker = profiling.profile_range("step")
+    marker = profiling.runtime.profile_range("step")
     assert isinstance(marker, paddle.profiler.RecordEvent)
     with marker:
         pass

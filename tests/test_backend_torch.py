@@ -61,11 +61,11 @@ def _small_ocr_backend(ocr_lmdb: Path):
 @pytest.mark.parametrize("part", ["model", "optimizer", "rng"])
 def test_load_state_refuses_objects_in_a_torch_save_file(part, ocr_lmdb, tmp_path):
     backend = _small_ocr_backend(ocr_lmdb)
-    backend.save_state(tmp_path)
+    backend.state.save_state(tmp_path)
     marker = tmp_path / "executed.txt"
     torch.save({"state": Payload(marker)}, tmp_path / f"{part}.pt")
     with pytest.raises(UnsafeCheckpointError, match=rf"refused to load .*{part}\.pt.*weights_only"):
-        backend.load_state(tmp_path)
+        backend.state.load_state(tmp_path)
     assert not marker.exists()
 
 
@@ -75,13 +75,13 @@ def test_load_state_restores_the_generators(ocr_lmdb, tmp_path):
     batches, num_classes = first_batches(first, config, 2)
     build(first, config, num_classes, total_steps=4)
     for batch in batches:
-        first.train_step(batch)
-    first.save_state(tmp_path)
+        first.trainer.train_step(batch)
+    first.state.save_state(tmp_path)
     at_checkpoint = torch.get_rng_state()
     torch.manual_seed(99)
     resumed = start(config, seed=7)
     build(resumed, config, num_classes, total_steps=4)
-    resumed.load_state(tmp_path)
+    resumed.state.load_state(tmp_path)
     assert torch.equal(torch.get_rng_state(), at_checkpoint)
     assert resumed.trainer.scheduler.last_epoch == first.trainer.scheduler.last_epoch == 2
 
@@ -122,10 +122,10 @@ def test_loader_honours_every_knob(ocr_lmdb):
     config = make_config("torch", "ocr", ocr_lmdb, loader=knobs)
     backend = start(config)
     dataset, _ = open_dataset(config)
-    backend.set_cpu_threads(2)
+    backend.batches.set_cpu_threads(2)
     # Main-process threads leave one core per worker (at least one thread).
     assert torch.get_num_threads() == max(1, usable_cores() - 2)
-    train = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
+    train = backend.batches.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
     # Workers hand batches over through the ring (loader.batch_ring): its slots are the
     # batches in flight, prefetch_factor per worker and 2 held by the trainer.
     assert isinstance(train, RingLoader) and train.ring.slots == 3 * 2 + 2
@@ -140,7 +140,7 @@ def test_loader_honours_every_knob(ocr_lmdb):
 
     sampler = EpochSampler(len(dataset), shuffle=False)
     no_workers = dataclasses.replace(config.loader, num_workers=0)
-    evaluation = backend.make_loader(dataset, sampler, no_workers, False)
+    evaluation = backend.batches.make_loader(dataset, sampler, no_workers, False)
     # At 0 workers the batching is a whole-batch sampler's (datasets.sampler.WholeBatches)
     batches = evaluation.batch_sampler.batches
     assert (batches.batch_size, batches.drop_last) == (40, False)
@@ -161,7 +161,8 @@ loader = {"num_workers": 1, "multiprocessing_context": "forkserver"}
 config = make_config("torch", "ocr", Path(sys.argv[1]), loader=loader)
 backend = start(config)
 dataset, _ = open_dataset(config)
-batches = len(list(backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)))
+loader = backend.batches.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
+batches = len(list(loader))
 (server,) = [p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
 maps = Path(f"/proc/{server.pid}/maps").read_text()
 print(json.dumps({"batches": batches, "torch": "libtorch_cpu" in maps, "cv2": "/cv2/" in maps}))
@@ -189,9 +190,9 @@ def test_forkserver_workers_are_forked_with_torch_and_opencv_imported(ocr_lmdb):
 # ---------------------------------------------------------------- profiler
 def test_profile_ranges_on_cpu(ocr_lmdb):
     quiet = start(make_config("torch", "ocr", ocr_lmdb))
-    assert "nullcontext" in type(quiet.profile_range("x")).__name__
+    assert "nullcontext" in type(quiet.runtime.profile_range("x")).__name__
     backend = start(make_config("torch", "ocr", ocr_lmdb, train={"profile": True}))
-    with torch.profiler.profile() as profiler, backend.profile_range("data_wait"):
+    with torch.profiler.profile() as profiler, backend.runtime.profile_range("data_wait"):
         torch.ones(4).sum()
     assert "data_wait" in {event.name for event in profiler.events()}
 
@@ -207,10 +208,10 @@ from train.config.load import config_from_dict
 
 config = config_from_dict(json.loads(sys.argv[1]))
 backend = make_backend(config)
-info = backend.init_distributed()
-backend.seed_everything(0, True)
-total = backend.all_reduce_sum(np.array([info.rank + 1.0, 0.5]))
-backend.barrier()
+info = backend.runtime.init_distributed()
+backend.runtime.seed_everything(0, True)
+total = backend.runtime.all_reduce_sum(np.array([info.rank + 1.0, 0.5]))
+backend.runtime.barrier()
 backend.build(config.model, config.optim, (3, 16, 32), num_classes=5, total_steps=4)
 rng = np.random.default_rng(info.rank)  # different data per rank; DDP keeps replicas equal
 host = {
@@ -218,14 +219,14 @@ host = {
     "label": torch.tensor([[1, 2, 3], [4, 3, 0]], dtype=torch.int32),
     "length": torch.tensor([3, 2], dtype=torch.int32),
 }
-for batch in backend.device_batches([host, host]):
-    backend.train_step(batch)
+for batch in backend.batches.device_batches([host, host]):
+    backend.trainer.train_step(batch)
 checksum = sum(float(p.double().sum()) for p in backend.trainer.net.parameters())
 report = {"rank": info.rank, "world": info.world_size, "sum": total.tolist(),
           "backend": dist.get_backend(), "ddp": type(backend.trainer.model).__name__,
           "checksum": checksum}
-backend.barrier()
-backend.shutdown()
+backend.runtime.barrier()
+backend.runtime.shutdown()
 print("RESULT " + json.dumps(report))
 """
 

@@ -41,7 +41,7 @@ def test_best_keeps_the_peak_when_the_metric_dips(framework, ocr_lmdb, tmp_path)
     run_dir, position = tmp_path / "run", checkpoint.Position()
     kept = {}
     for step, (batch, value) in enumerate(zip(batches, (0.5, 0.8, 0.3)), 1):
-        backend.train_step(batch)  # other weights at each evaluation
+        backend.trainer.train_step(batch)  # other weights at each evaluation
         position.step, position.epoch = step, step // 2
         record = checkpoint.save_best(run_dir, backend, position, config, "acc", value)
         if record is not None:

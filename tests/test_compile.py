@@ -95,9 +95,9 @@ def test_compiled_run_stopped_and_resumed_equals_uninterrupted_compiled_run(
     backend = inference.load_backend(model, config, inference.labels_of(config))
     (tmp_path / "plain").mkdir()
     try:
-        backend.save_state(tmp_path / "plain")
+        backend.state.save_state(tmp_path / "plain")
     finally:
-        backend.shutdown()
+        backend.runtime.shutdown()
     plain = weights(tmp_path / "plain", framework)
     assert {k: (v.shape, v.dtype) for k, v in plain.items()} == {
         k: (v.shape, v.dtype) for k, v in straight.items()

@@ -38,7 +38,7 @@ def compiled_run(ocr_lmdb: Path, run: Path) -> Path:
     build(backend, plain, inference.num_classes(compiled, labels), total_steps=1)
     checkpoint.save(run, backend, checkpoint.Position(step=1), keep_last=1, config=compiled)
     save_resolved(compiled, run)
-    backend.shutdown()
+    backend.runtime.shutdown()
     return run
 
 
@@ -67,6 +67,6 @@ def test_compiled_run_exports_and_loads_without_a_compiler(ocr_lmdb, tmp_path, n
     # train.predict and train.evaluate --run/--checkpoint: the checkpoint in the bare model
     backend = inference.load_backend(model, config, labels)
     assert backend.trainer.model is backend.trainer.net
-    backend.shutdown()
+    backend.runtime.shutdown()
     # train.evaluate --weights: the same model filled by model.init_from's reader
-    inference.load_weights(str(run), config, labels).shutdown()
+    inference.load_weights(str(run), config, labels).runtime.shutdown()

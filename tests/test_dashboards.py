@@ -44,7 +44,7 @@ def _read_scalars(framework: str, log_dir) -> dict[str, list[tuple[int, float]]]
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_scalars_reach_the_dashboard_and_the_log_has_an_eta(framework, ocr_lmdb, tmp_path, caplog):
     backend = start(make_config(framework, "ocr", ocr_lmdb))
-    writer = backend.scalar_writer(tmp_path / "scalars")
+    writer = backend.runtime.scalar_writer(tmp_path / "scalars")
     assert writer is not None, f"the {framework} env lacks its dashboard package"
     telemetry = Telemetry(tmp_path, True, 8, None, "knobs", 0.3, writer)
     telemetry.start_progress(total_steps=10, done=0)

@@ -17,12 +17,24 @@ import numpy as np
 import pytest
 
 from tests.test_train import ROOT, data_overrides, set_args
+from train.launch import launch_command
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def local_master() -> str:
+    """torchrun's rendezvous on this host, at a free port."""
+    return f"127.0.0.1:{free_port()}"
+
+
+def rendezvous(framework: str, logs: Path) -> dict:
+    """What a single-node launch of ``framework`` is given: torchrun a free port on this host,
+    paddle.distributed.launch a folder for its workers' logs (it picks its own port)."""
+    return {"master": local_master()} if framework == "torch" else {"log_dir": logs}
 
 
 def two_rank_settings(framework: str, task: str, ocr_lmdb, image_h5) -> list[str]:
@@ -57,24 +69,8 @@ def assert_written_once_by_rank_0(out: Path, metric: str) -> None:
 def test_torchrun_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
     out = tmp_path / "run"
     sets = two_rank_settings("torch", "resnet50", ocr_lmdb, image_h5)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "train",
-        "--config",
-        "configs/resnet50/smoke.yaml",
-        "--output-dir",
-        str(out),
-    ]
-    cmd += set_args(sets)
+    args = ["-m", "train", "--config", "configs/resnet50/smoke.yaml", "--output-dir", str(out)]
+    cmd = launch_command("torch", sys.executable, 2, args + set_args(sets), master=local_master())
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "2 rank(s)" in result.stderr
@@ -92,10 +88,8 @@ def test_paddle_launch_two_cpu_processes(tmp_path, ocr_lmdb, image_h5):
         pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
     out, logs = tmp_path / "run", tmp_path / "logs"
     sets = two_rank_settings("paddle", "ocr", ocr_lmdb, image_h5)
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
-    cmd += ["--log_dir", str(logs), "train/__main__.py", "--config", "configs/ocr/smoke.yaml"]
-    cmd += ["--output-dir", str(out)]
-    cmd += set_args(sets)
+    args = ["train/__main__.py", "--config", "configs/ocr/smoke.yaml", "--output-dir", str(out)]
+    cmd = launch_command("paddle", sys.executable, 2, args + set_args(sets), log_dir=logs)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
     env["PYTHONPATH"] = str(ROOT)
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -114,11 +108,9 @@ def launch(framework: str, nproc: int, out: Path, sets: list[str], logs: Path, *
     if nproc == 1:
         cmd = [sys.executable, "-m", "train"]
     elif framework == "torch":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-        cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "train"]
+        cmd = launch_command("torch", sys.executable, nproc, ["-m", "train"], master=local_master())
     else:
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc)]
-        cmd += ["--log_dir", str(logs), "train/__main__.py"]
+        cmd = launch_command("paddle", sys.executable, nproc, ["train/__main__.py"], log_dir=logs)
     cmd += ["--config", "configs/ocr/smoke.yaml", "--output-dir", str(out), *extra]
     result = subprocess.run(
         cmd + set_args(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
@@ -259,12 +251,8 @@ def run_two_ranks(
     paddle.distributed.launch (its worker logs under tmp_path/logs, appended to stderr)."""
     if framework == "paddle":
         skip_paddle_launch_on_gpus()
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
-        cmd += ["--log_dir", str(tmp_path / "logs")]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    cmd += [script, framework, *args]
+    options = rendezvous(framework, tmp_path / "logs")
+    cmd = launch_command(framework, sys.executable, 2, [script, framework, *args], **options)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
     env["PYTHONPATH"] = str(ROOT)
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

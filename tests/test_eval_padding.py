@@ -43,6 +43,8 @@ class PositionBackend:
 
     def __init__(self, reduced: list[np.ndarray]) -> None:
         self.reduced = reduced
+        # One object answers the three parts evaluation reaches (runtime, batches, trainer).
+        self.runtime = self.batches = self.trainer = self
 
     def device_batches(self, loader):
         return ({"position": np.array([p for _, p in batch])} for batch in loader)
@@ -107,22 +109,20 @@ def test_two_gloo_ranks_evaluate_an_odd_set_as_one_rank_does(framework, tmp_path
     from datasets.lmdb_ocr import LmdbOcrWriter
     from datasets.synthetic import LATIN, ocr_samples, write_all
     from tests.conftest import ROOT
-    from tests.test_distributed import free_port
+    from tests.test_distributed import rendezvous
+    from train.launch import launch_command
 
     if framework == "paddle":
         import paddle
 
         if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
             pytest.skip("GPUs present: paddle.distributed.launch would place ranks on them")
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
-        cmd += ["--log_dir", str(tmp_path / "logs")]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     lmdb, out = tmp_path / "val", tmp_path / "eval.json"
     write_all(LmdbOcrWriter(lmdb), ocr_samples(7, LATIN, None, seed=3))
     (tmp_path / "charset.txt").write_text("".join(c + "\n" for c in LATIN), encoding="utf-8")
-    cmd += ["tests/probes/eval_ranks_probe.py", framework, str(lmdb), str(out)]
+    probe = ["tests/probes/eval_ranks_probe.py", framework, str(lmdb), str(out)]
+    options = rendezvous(framework, tmp_path / "logs")
+    cmd = launch_command(framework, sys.executable, 2, probe, **options)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
     env["PYTHONPATH"] = str(ROOT)
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

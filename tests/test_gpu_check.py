@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from scripts.gpu_check import plan as plan_module
-from scripts.gpu_check.sampler import summarize_samples
+from scripts.gpu_check import commands as plan_module
+from scripts.gpu_check.context import summarize_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PYTHONS = [ROOT / ".venv-torch" / "bin" / "python", ROOT / ".venv-paddle" / "bin" / "python"]
@@ -252,10 +253,8 @@ def test_only_runs_the_selected_checks_and_skips_the_rest_with_the_reason(tmp_pa
     """--only (the tail of a cut run): a check runs when a pattern matches it and is still
     undecided; the others are skipped naming the patterns, and the reports go beside the full
     run's."""
-    from scripts.gpu_check.cli import parser, report_paths
+    from scripts.gpu_check.cli import _ready, parser, report_paths, skeleton
     from scripts.gpu_check.context import Context
-    from scripts.gpu_check.orchestrate import _ready
-    from scripts.gpu_check.report import skeleton
 
     ctx = Context(plan_module.DRY_PLAN, tmp_path, budget_s=60)
     ctx.only = [ONLY]
@@ -337,10 +336,8 @@ def test_train_helper_records_the_fp16_loss_scale_after_each_update(monkeypatch)
 def test_a_child_cut_by_the_budget_is_skipped_and_the_exit_code_says_so(tmp_path):
     """A check whose child the budget's end kills is skipped (not an error), and a run with a
     skipped check exits 3; a child killed by its own, shorter timeout is a failure."""
-    from scripts.gpu_check.cli import exit_code
+    from scripts.gpu_check.cli import exit_code, run_check, skeleton
     from scripts.gpu_check.context import Context, OutOfTime
-    from scripts.gpu_check.orchestrate import run_check
-    from scripts.gpu_check.report import skeleton
 
     sleeper = ["python3", "-c", "import time; time.sleep(30)"]
     ctx = Context(plan_module.DRY_PLAN, tmp_path, budget_s=1.5)
@@ -371,11 +368,11 @@ def test_compile_figure_leaves_out_the_wait_for_data():
 
 
 def _stub_probe(monkeypatch, facts: dict) -> None:
-    from scripts.gpu_check import setup
+    from scripts.gpu_check import checks
     from scripts.gpu_check.context import RunResult
 
     result = RunResult(0, 1.0, Path("probe.log"), "", stats=facts)
-    monkeypatch.setattr(setup, "probe", lambda ctx, name, framework: (result, facts))
+    monkeypatch.setattr(checks, "probe", lambda ctx, name, framework: (result, facts))
 
 
 def _gpu_context(tmp_path):
@@ -389,8 +386,8 @@ def _gpu_context(tmp_path):
 def test_paddle_cuda11_build_on_hopper_fails_setup_naming_the_fix(tmp_path, monkeypatch):
     """A CUDA 11.8 Paddle build on an sm_90 GPU: the probe runs no op (they would pass and
     training would abort later); setup.paddle fails with the reason and the CUDA 12 base."""
-    from scripts.gpu_check.device_probe import paddle_arch_problem
-    from scripts.gpu_check.setup import SetupError, setup_paddle
+    from scripts.gpu_check.checks import setup_paddle
+    from scripts.gpu_check.helpers import paddle_arch_problem
 
     verdict = paddle_arch_problem("2.6.2", "11.8", (9, 0))
     assert verdict["fatal"] is True and "sm_90" in verdict["reason"]
@@ -406,30 +403,31 @@ def test_paddle_cuda11_build_on_hopper_fails_setup_naming_the_fix(tmp_path, monk
         "arch_problem": verdict,
     }
     _stub_probe(monkeypatch, facts)
-    with pytest.raises(SetupError) as raised:
-        setup_paddle(_gpu_context(tmp_path))
-    assert "sm_90" in str(raised.value) and "cuda12" in str(raised.value)
-    assert raised.value.info["cuda"] == "11.8"
+    result = setup_paddle(_gpu_context(tmp_path))
+    assert result["status"] == "error", result
+    assert "sm_90" in result["error"] and "cuda12" in result["error"]
+    assert result["cuda"] == "11.8"
 
 
 def test_no_paddle_build_skips_the_paddle_checks_saying_why(tmp_path, monkeypatch):
-    from scripts.gpu_check.setup import NotHere, setup_paddle
+    from scripts.gpu_check.checks import setup_paddle
 
     _stub_probe(monkeypatch, {"ok": False, "import_error": "ModuleNotFoundError: paddle"})
-    with pytest.raises(NotHere, match="--paddle-python"):
-        setup_paddle(_gpu_context(tmp_path))
+    result = setup_paddle(_gpu_context(tmp_path))
+    assert result["status"] == "skipped" and "--paddle-python" in result["reason"], result
     _stub_probe(monkeypatch, {"ok": True, "version": "2.6.2", "compiled_with_cuda": False})
-    with pytest.raises(NotHere, match="CPU build"):
-        setup_paddle(_gpu_context(tmp_path))
+    result = setup_paddle(_gpu_context(tmp_path))
+    assert result["status"] == "skipped" and "CPU build" in result["reason"], result
 
 
 def test_a_missing_data_layer_package_names_the_wheelhouse(tmp_path, monkeypatch):
-    from scripts.gpu_check.setup import SetupError, setup_torch
+    from scripts.gpu_check.checks import setup_torch
 
     facts = {"ok": False, "missing_imports": ["lmdb", "isal"], "version": "2.11.0"}
     _stub_probe(monkeypatch, facts)
-    with pytest.raises(SetupError, match="cannot import lmdb, isal: .*make gpu-wheelhouse"):
-        setup_torch(_gpu_context(tmp_path))
+    result = setup_torch(_gpu_context(tmp_path))
+    assert result["status"] == "error", result
+    assert re.search("cannot import lmdb, isal: .*make gpu-wheelhouse", result["error"]), result
 
 
 COMPAT_WHEELHOUSE = ROOT / ".cache" / "gpu-wheelhouse" / "py3.12"

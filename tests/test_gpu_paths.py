@@ -77,7 +77,7 @@ def test_paddle_fp16_loss_scaling_steps_with_parameter_groups_and_clipping(
         return [p.numpy().copy() for p in backend.trainer.net.parameters() if p.trainable]
 
     before = weights()
-    losses = [backend.to_float(backend.train_step(batch)) for batch in batches]
+    losses = [backend.trainer.to_float(backend.trainer.train_step(batch)) for batch in batches]
     assert all(math.isfinite(loss) for loss in losses), losses
     assert any((a != b).any() for a, b in zip(before, weights()))  # the optimizer stepped
     assert backend.trainer.scaler.is_enable()  # still scaling: fp16 is the AMP dtype
@@ -86,7 +86,7 @@ def test_paddle_fp16_loss_scaling_steps_with_parameter_groups_and_clipping(
     # Overflowing gradients: the step is skipped and the scale halves.
     stepped = weights()
     poisoned = dict(batches[0], image=batches[0]["image"] * float("nan"))
-    backend.train_step(poisoned)
+    backend.trainer.train_step(poisoned)
     assert backend.trainer.scaler._scale.item() == 512.0
     for a, b in zip(stepped, weights()):
         np.testing.assert_array_equal(a, b)
@@ -170,7 +170,7 @@ def test_torch_process_group_gets_the_configured_timeout(ocr_lmdb, monkeypatch):
     monkeypatch.setattr(torch_runtime.dist, "init_process_group", lambda **kw: calls.append(kw))
     launcher_env(monkeypatch, "torch")
     config = make_config("torch", "ocr", ocr_lmdb, train={"device": "cpu", "dist_timeout_s": 5400})
-    info = torch_backend.TorchBackend(config.task, config.train).init_distributed()
+    info = torch_backend.TorchBackend(config.task, config.train).runtime.init_distributed()
     assert info.world_size == 2
     assert len(calls) == 1 and calls[0]["backend"] == "gloo"
     assert calls[0]["timeout"] == timedelta(seconds=5400)
@@ -201,7 +201,7 @@ def test_paddle_cpu_rank_under_the_launcher_stays_on_the_cpu(ocr_lmdb, monkeypat
     monkeypatch.setattr(paddle, "set_device", lambda device: events.append(("set_device", device)))
     launcher_env(monkeypatch, "paddle")
     config = make_config("paddle", "ocr", ocr_lmdb, train={"device": "cpu", "dist_timeout_s": 5400})
-    info = paddle_backend.PaddleBackend(config.task, config.train).init_distributed()
+    info = paddle_backend.PaddleBackend(config.task, config.train).runtime.init_distributed()
     assert info.world_size == 2
     assert events[-2:] == [
         ("init_parallel_env", "gloo", "5400000"),
@@ -240,16 +240,16 @@ def test_torch_resume_keeps_adam_step_counts_on_the_cpu(ocr_lmdb, tmp_path, monk
     batches, num_classes = first_batches(backend, config, 2)
     build(backend, config, num_classes, total_steps=4)
     for batch in batches:
-        backend.train_step(batch)
+        backend.trainer.train_step(batch)
     steps = [state["step"] for state in backend.trainer.optimizer.state.values()]
     assert steps and all(s.device.type == "cpu" for s in steps)  # with their parameters
-    backend.save_state(tmp_path)
+    backend.state.save_state(tmp_path)
 
     monkeypatch.setattr(torch, "load", load)
     backend.runtime.device = torch.device(
         "cuda", 0
     )  # the resumed run's device, as torch.load sees it
-    backend.load_state(tmp_path)
+    backend.state.load_state(tmp_path)
     steps = [state["step"] for state in backend.trainer.optimizer.state.values()]
     assert steps and all(type(s) is torch.Tensor and s.device.type == "cpu" for s in steps)
     assert all(float(s) == 2.0 for s in steps)
@@ -332,7 +332,7 @@ def test_device_auto_on_the_cpu_while_nvml_sees_gpus_says_so_loudly(
     config = make_config(framework, "ocr", ocr_lmdb, train={"device": "auto"})
     with caplog.at_level("WARNING"):
         backend = start(config)
-    assert not backend.uses_gpu
+    assert not backend.runtime.uses_gpu
     (said,) = [r for r in caplog.records if "TRAINING ON THE CPU" in r.getMessage()]
     assert said.levelname == "WARNING"
     assert "8 GPU(s) idle" in said.getMessage() and "is a CPU build" in said.getMessage()
@@ -383,14 +383,14 @@ def test_torch_device_prefetch_knob_picks_the_cuda_path(prefetch, ocr_lmdb, monk
     config = make_config("torch", "ocr", ocr_lmdb, loader={"device_prefetch": prefetch})
     backend = start(config)
     dataset, _ = open_dataset(config)
-    loader = backend.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
+    loader = backend.batches.make_loader(dataset, EpochSampler(len(dataset)), config.loader, True)
     used = []
     monkeypatch.setattr(
         backend.batches, "_cuda_prefetch", lambda loader: used.append("side stream") or []
     )
     monkeypatch.setattr(backend.batches, "_to_device", lambda batch: used.append("copy") or batch)
     backend.runtime.device = torch.device("cuda", 0)
-    list(backend.device_batches(loader))
+    list(backend.batches.device_batches(loader))
     assert used == (["side stream"] if prefetch else ["copy"] * len(loader))
 
 

@@ -2,7 +2,7 @@
 of a tensor...) makes the host wait until the device has run everything queued before it, and
 the device then idles until the host queues the next step's kernels. train_step reads nothing:
 the NaN/Inf check, the skipped update and the BatchNorm restore all stay on the device, and
-the loop reads the steps' losses and flags once per logging window (backend.read_steps).
+the loop reads the steps' losses and flags once per logging window (backend.trainer.read_steps).
 
 The counter wraps the tensor methods that copy a value to the host, in both frameworks; the CPU
 has no real synchronization to observe, but every such call is one on a GPU.
@@ -139,22 +139,22 @@ def test_train_steps_read_nothing_and_skip_nan_steps_on_the_device(
     build(good_only, config, num_classes, total_steps=8)
     for index, batch in enumerate(batches):
         if index not in bad:
-            good_only.train_step(batch)
+            good_only.trainer.train_step(batch)
 
     backend = start(config)
     batches, num_classes = first_batches(backend, config, 8)
     build(backend, config, num_classes, total_steps=8)
     with host_reads.counting():
         for index, batch in enumerate(batches):
-            backend.train_step(nan_batch(batch) if index in bad else batch)
+            backend.trainer.train_step(nan_batch(batch) if index in bad else batch)
     assert host_reads.count == 0, f"{host_reads.count} host reads in 8 train steps"
     with host_reads.counting():
-        rows = backend.read_steps()
+        rows = backend.trainer.read_steps()
     assert host_reads.count == 1
     assert rows.shape == (8, 2)
     assert [int(flag) for flag in rows[:, 1]] == [int(i in bad) for i in range(8)]
     assert np.isfinite(rows[[i for i in range(8) if i not in bad], 0]).all()
-    assert backend.read_steps().shape == (0, 2)  # each step is read once
+    assert backend.trainer.read_steps().shape == (0, 2)  # each step is read once
 
     expected, got = state_values(good_only, framework), state_values(backend, framework)
     assert got.keys() == expected.keys()
@@ -179,7 +179,7 @@ def test_the_loop_reads_the_device_once_per_logging_window(
     )
     backend = start(config)
     monkeypatch.setattr(loop, "install_stop_handler", StopFlag)  # the test's own signals
-    read_steps = type(backend).read_steps
+    read_steps = type(backend.trainer).read_steps
     windows = []
 
     def counted_read_steps(self):
@@ -187,7 +187,7 @@ def test_the_loop_reads_the_device_once_per_logging_window(
         windows.append(len(rows))
         return rows
 
-    monkeypatch.setattr(type(backend), "read_steps", counted_read_steps)
+    monkeypatch.setattr(type(backend.trainer), "read_steps", counted_read_steps)
     train_epoch = loop.Run.train_epoch
 
     def counted_train_epoch(run):
@@ -195,7 +195,7 @@ def test_the_loop_reads_the_device_once_per_logging_window(
             return train_epoch(run)
 
     monkeypatch.setattr(loop.Run, "train_epoch", counted_train_epoch)
-    device_batches = type(backend).device_batches
+    device_batches = type(backend.batches).device_batches
 
     def batches_not_counted(self, loader):
         # The loader's own host tensors (torch's DataLoader draws each epoch's base seed with
@@ -212,12 +212,12 @@ def test_the_loop_reads_the_device_once_per_logging_window(
                 host_reads.active = active
             yield batch
 
-    monkeypatch.setattr(type(backend), "device_batches", batches_not_counted)
+    monkeypatch.setattr(type(backend.batches), "device_batches", batches_not_counted)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     data = RunData.open(config, run_dir)
     try:
-        summary = loop.train(config, backend, backend.dist, data, run_dir, False)
+        summary = loop.train(config, backend, backend.runtime.dist, data, run_dir, False)
     finally:
         data.close()
     assert summary["steps"] == 12 and np.isfinite(summary["final_loss"])

@@ -40,7 +40,8 @@ def _resnet(framework: str, image_h5: Path, num_classes: int, seed: int):
 
 def _arrays(backend) -> dict[str, np.ndarray]:
     return {
-        name: np.array(backend.to_numpy(t)) for name, t in backend.trainer.net.state_dict().items()
+        name: np.array(backend.batches.to_numpy(t))
+        for name, t in backend.trainer.net.state_dict().items()
     }
 
 
@@ -51,7 +52,7 @@ def test_checkpoint_into_another_class_count_keeps_a_fresh_head(framework, image
     target, _ = _resnet(framework, image_h5, num_classes=6, seed=2)
     fresh = _arrays(target)
 
-    report = target.init_weights_from(tmp_path / "run")  # a run directory: its latest
+    report = target.state.init_weights_from(tmp_path / "run")  # a run directory: its latest
 
     assert report.source == str(saved)
     assert set(report.shape_mismatched) == HEAD[framework]
@@ -75,7 +76,7 @@ def test_torch_state_dict_file_nested_and_prefixed(image_h5, tmp_path):
     torch.save({"state_dict": state, "epoch": 7}, tmp_path / "weights.pth")
     target, _ = _resnet("torch", image_h5, num_classes=4, seed=2)
 
-    report = target.init_weights_from(tmp_path / "weights.pth")
+    report = target.state.init_weights_from(tmp_path / "weights.pth")
 
     assert report.unexpected == ["extra.weight"] and not report.shape_mismatched
     assert len(report.loaded) == len(source.trainer.net.state_dict())
@@ -89,7 +90,7 @@ def test_torch_weight_file_with_objects_is_refused(image_h5, tmp_path):
     torch.save({"fc.weight": Payload(tmp_path / "ran")}, tmp_path / "evil.pt")
     target, _ = _resnet("torch", image_h5, num_classes=4, seed=2)
     with pytest.raises(pickle.UnpicklingError, match="refused to load"):
-        target.init_weights_from(tmp_path / "evil.pt")
+        target.state.init_weights_from(tmp_path / "evil.pt")
     assert not (tmp_path / "ran").exists()
 
 
@@ -101,7 +102,7 @@ def test_pdparams_loads_and_objects_in_it_are_refused(image_h5, tmp_path):
     paddle.save(source.trainer.net.state_dict(), str(tmp_path / "model.pdparams"))
     target, _ = _resnet("paddle", image_h5, num_classes=4, seed=2)
 
-    report = target.init_weights_from(tmp_path / "model.pdparams")
+    report = target.state.init_weights_from(tmp_path / "model.pdparams")
 
     assert len(report.loaded) == len(source.trainer.net.state_dict()) and not report.missing
     for name, value in _arrays(source).items():
@@ -110,7 +111,7 @@ def test_pdparams_loads_and_objects_in_it_are_refused(image_h5, tmp_path):
     with open(tmp_path / "evil.pdparams", "wb") as f:
         pickle.dump({"fc.weight": Payload(tmp_path / "ran")}, f)
     with pytest.raises(pickle.UnpicklingError, match="refused to load"):
-        target.init_weights_from(tmp_path / "evil.pdparams")
+        target.state.init_weights_from(tmp_path / "evil.pdparams")
     assert not (tmp_path / "ran").exists()
 
 
@@ -150,7 +151,7 @@ def test_other_frameworks_checkpoint_is_a_clear_error(framework, image_h5, tmp_p
     (step / "trainer.json").write_text(json.dumps({"framework": other}))
     target, _ = _resnet(framework, image_h5, num_classes=4, seed=2)
     with pytest.raises(InitFromError, match=f"written by {other}; this run trains with"):
-        target.init_weights_from(tmp_path)
+        target.state.init_weights_from(tmp_path)
 
 
 def test_bad_init_from_is_a_config_error_naming_the_key(image_h5, tmp_path):

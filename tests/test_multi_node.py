@@ -26,6 +26,7 @@ from tests.test_remote import _bucket, s3, s3_server  # noqa: F401  (fixtures)
 from tests.test_stop_signals import ANY_STOP, only_checkpoint_step
 from tests.test_stop_signals import SETTINGS as STOP_SETTINGS
 from tests.test_train import ROOT, set_args
+from train.launch import launch_command
 
 # As test_stop_signals: the stopped run's only checkpoint is the one its stop wrote.
 SETTINGS = [*STOP_SETTINGS, "loader.num_workers=1", "data.val=null"]
@@ -135,12 +136,12 @@ def test_two_nodes_through_torchrun_c10d_stop_together_and_auto_resume(
     def commands(max_steps):
         result = []
         for k in (0, 1):
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
-            cmd += ["--nproc-per-node", "1", "--rdzv-backend", "c10d"]
-            cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"job-{max_steps}"]
+            args = ["-m", "train", "--config", "configs/resnet50/smoke.yaml"]
             # Both nodes are this host: say which one serves the rendezvous store.
-            cmd += ["--rdzv-conf", f"is_host={str(k == 0).lower()}"]
-            cmd += ["-m", "train", "--config", "configs/resnet50/smoke.yaml"]
+            rdzv = {"rdzv_id": f"job-{max_steps}", "rdzv_conf": f"is_host={str(k == 0).lower()}"}
+            cmd = launch_command(
+                "torch", sys.executable, 1, args, master=f"127.0.0.1:{port}", nnodes=2, **rdzv
+            )
             cmd += ["--output-dir", str(run_dir), "--auto-resume"]
             sets = ["framework=torch", *SETTINGS, "loader.batch_size=4"]
             sets += [f"data.train=s3://{bucket}/imagenet/train.h5", "data.image_size=32"]
@@ -177,10 +178,10 @@ def test_two_nodes_through_paddle_launch_stop_together_and_auto_resume(
         port = ports.setdefault(max_steps, free_port())  # a new job for each attempt
         result = []
         for k in (0, 1):
-            cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nnodes", "2"]
-            cmd += ["--master", f"127.0.0.1:{port}", "--rank", str(k), "--nproc_per_node", "1"]
-            cmd += ["--log_dir", str(tmp_path / f"logs{k}-{max_steps}")]
-            cmd += ["train/__main__.py", "--config", "configs/ocr/smoke.yaml"]
+            args = ["train/__main__.py", "--config", "configs/ocr/smoke.yaml"]
+            node = {"master": f"127.0.0.1:{port}", "nnodes": 2, "node_rank": k}
+            logs = tmp_path / f"logs{k}-{max_steps}"
+            cmd = launch_command("paddle", sys.executable, 1, args, **node, log_dir=logs)
             cmd += ["--output-dir", str(run_dir), "--auto-resume"]
             sets = ["framework=paddle", *SETTINGS, "loader.batch_size=8"]
             sets += [f"data.train=s3://{bucket}/ocr/train"]

@@ -5,8 +5,8 @@ a restarted, killed or interrupted kernel must not leave its loader workers behi
     .venv-paddle/bin/python -m pytest -m "not torch" tests/test_notebook_workers.py
 
 Each test starts an ipykernel of this interpreter through jupyter_client (the same LocalProvisioner
-JupyterLab uses), builds the loader in it the way training does (backend.make_loader over the
-project's LMDB dataset, two workers), takes a batch and keeps the iterator in a global. What the
+JupyterLab uses), builds the loader in it the way training does (backend.batches.make_loader over
+the project's LMDB dataset, two workers), takes a batch and keeps the iterator in a global. What the
 kernel does to its process tree:
 
 - restart_kernel(now=True) and shutdown_kernel(now=True) SIGKILL the kernel's process group.
@@ -78,15 +78,15 @@ from train.config.load import config_from_dict
 
 config = config_from_dict({config!r})
 backend = make_backend(config)
-backend.init_distributed()
-backend.seed_everything(config.seed, config.deterministic)
+backend.runtime.init_distributed()
+backend.runtime.seed_everything(config.seed, config.deterministic)
 chars = CharDict.from_file(config.data.char_dict)
 dataset = build_ocr_dataset(config.data.train, chars, train=True, augment=False)
 if {slow_s}:  # slow storage: the loop below waits for batches, as a starved training loop does
     _transform = dataset.transform
     dataset.transform = lambda *args: (time.sleep({slow_s}), _transform(*args))[1]
 sampler = EpochSampler(len(dataset), shuffle=False)
-loader = backend.make_loader(dataset, sampler, config.loader, train=True)
+loader = backend.batches.make_loader(dataset, sampler, config.loader, train=True)
 """
 START_EPOCH_CELL = """
 it = iter(loader)

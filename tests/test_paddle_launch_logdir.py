@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from train.launch import launch_command
+
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = "paddle.distributed.launch"
-# Files that may show or run the launcher (tests build their commands as lists and pass
-# --log_dir themselves: tests/test_distributed.py, tests/test_backend_paddle.py).
+# Files that may show or run the launcher (tests build their commands with train/launch.py and
+# pass its log_dir themselves: tests/test_distributed.py, tests/test_backend_paddle.py).
 SCANNED = [
     "README.md",
     "docs/**/*.md",
@@ -189,12 +191,10 @@ def unwritable_for_children() -> list[str]:
     return [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
 
 
-def launch(prefix: list[str], options: list[str], script: Path, cwd: Path):
+def launch(prefix: list[str], log_dir: Path | None, script: Path, cwd: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
-    command = [*prefix, sys.executable, "-m", LAUNCH, "--nproc_per_node", "2", *options]
-    return subprocess.run(
-        [*command, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
-    )
+    command = [*prefix, *launch_command("paddle", sys.executable, 2, [script], log_dir=log_dir)]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.paddle
@@ -223,14 +223,14 @@ def test_launch_from_an_unwritable_directory_needs_log_dir(tmp_path):
             pytest.skip("cannot make a directory unwritable for this user (capabilities?)")
         assert "PermissionError" in probe.stderr, probe.stderr
 
-        failed = launch(prefix, [], script, workspace)
+        failed = launch(prefix, None, script, workspace)
         output = failed.stdout + failed.stderr
         assert failed.returncode != 0, output[-4000:]
         assert "Permission denied: 'log'" in output and "log/workerlog.0" in output, output[-4000:]
         assert "LAUNCH-OK" not in output  # no worker ran
 
         logs = tmp_path / "runs" / "ocr-paddlejob" / "launch-logs" / "worker-0"
-        done = launch(prefix, [f"--log_dir={logs}"], script, workspace)
+        done = launch(prefix, logs, script, workspace)
         worker_logs = {p.name: p.read_text(errors="replace") for p in logs.glob("workerlog.*")}
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + str(worker_logs)
         assert "LAUNCH-OK rank 0 of 2" in worker_logs.get("workerlog.0", ""), worker_logs

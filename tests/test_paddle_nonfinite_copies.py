@@ -47,7 +47,7 @@ class StepCopies:
     def step(self, backend, batch) -> tuple[int, int]:
         """(clones, restore calls) of one train step on ``batch``."""
         self.clones = self.restores = 0
-        backend.train_step(batch)
+        backend.trainer.train_step(batch)
         return self.clones, self.restores
 
 
@@ -72,7 +72,7 @@ def trained(policy: str, image_h5, monkeypatch):
 
 
 def nonfinite_flags(backend) -> list[int]:
-    return [int(flag) for flag in backend.read_steps()[:, 1]]
+    return [int(flag) for flag in backend.trainer.read_steps()[:, 1]]
 
 
 def test_abort_copies_nothing_per_step_and_still_flags_the_bad_step(image_h5, monkeypatch):

@@ -32,7 +32,7 @@ def test_a_timeout_longer_than_the_rendezvous_says_the_rendezvous_keeps_900_s(
     train = {"device": "cpu", "dist_timeout_s": timeout_s}
     config = make_config("paddle", "ocr", ocr_lmdb, train=train)
     with caplog.at_level(logging.INFO, logger=paddle_runtime.log.name):
-        paddle_backend.PaddleBackend(config.task, config.train).init_distributed()
+        paddle_backend.PaddleBackend(config.task, config.train).runtime.init_distributed()
     assert started == [1]
     lines = [r.getMessage() for r in caplog.records if "rendezvous" in r.getMessage()]
     if said:

@@ -374,21 +374,24 @@ def test_evaluating_the_released_weights_reads_what_paddleocr_reads(
     dataset = tasks.get("ocr").open_dataset(config.data, str(lines), train=False)
     read = []
 
-    class Reading:  # the backend, noting each line's text as evaluate() predicts it
+    trainer = backend.trainer
+
+    class Reading:  # the backend's trainer, noting each line's text as evaluate() predicts it
         def __getattr__(self, name):
-            return getattr(backend, name)
+            return getattr(trainer, name)
 
         def predict(self, batch):
-            classes = backend.predict(batch)
+            classes = trainer.predict(batch)
             for row in ctc_greedy_decode(classes):
                 read.append("".join(characters[c - 1] for c in row))
             return classes
 
+    backend.trainer = Reading()
     try:
-        ours = evaluate(config, Reading(), dataset)
+        ours = evaluate(config, backend, dataset)
     finally:
         dataset.close()
-        backend.shutdown()
+        backend.runtime.shutdown()
 
     args = init_args().parse_args([])
     args.rec_model_dir, args.use_onnx = str(ppocrv4_files["onnx"]), True

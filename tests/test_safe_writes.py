@@ -170,9 +170,13 @@ def test_a_link_at_the_run_lock_is_refused_and_its_target_kept(tmp_path):
     assert target.read_bytes() == PRECIOUS
 
 
-class FakeBackend:
+class FakeState:
     def save_state(self, directory: Path) -> None:
         (directory / "model.bin").write_bytes(b"weights")
+
+
+class FakeBackend:  # what checkpoint.save reaches: the state part
+    state = FakeState()
 
 
 def test_a_link_at_a_checkpoint_partial_name_is_refused_and_its_target_kept(tmp_path):
@@ -300,11 +304,13 @@ def test_export_refuses_a_link_in_its_output_folder(tmp_path, monkeypatch):
                 f.write(b"onnx")
             return [path]
 
+    class Runtime:
         def shutdown(self):
             pass
 
+    backend = SimpleNamespace(exporter=Exporter(), runtime=Runtime())
     monkeypatch.setattr(inference, "labels_of", lambda config: ["cat", "dog"])
-    monkeypatch.setattr(inference, "load_backend", lambda *args: Exporter())
+    monkeypatch.setattr(inference, "load_backend", lambda *args: backend)
     config = load_config(str(ROOT / "configs/resnet50/smoke.yaml"), ["framework=torch"])
     model = SimpleNamespace(framework="torch", checkpoint=tmp_path / "ckpt")
     out = tmp_path / "out"
@@ -457,11 +463,7 @@ REVIEWED = {
     ("train/export.py", "write_text"): "in its staging folder (tempfile.mkdtemp)",
     ("train/inference.py", "write_text"): "write_contract: into train/export.py's staging folder",
     ("scripts/bench_loader.py", "write_text"): "benchmark results beside the benchmark",
-    ("scripts/gpu_check/checks.py", "write_text"): "in the GPU check's own new work folder",
-    ("scripts/gpu_check/cli.py", "write_text"): "in the GPU check's own new work folder",
     ("scripts/gpu_check/context.py", "open(w)"): "in the GPU check's own new work folder",
-    ("scripts/gpu_check/helpers.py", "write_text"): "in the GPU check's own new work folder",
-    ("scripts/gpu_check/sampler.py", "open(w)"): "in the GPU check's own new work folder",
 }
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_distributed import free_port
+from tests.test_distributed import local_master
 from tests.test_resume import wait_for_step
 from tests.test_train import LOST_WORKER, ROOT, data_overrides, set_args, train_cmd
+from train.launch import launch_command
 
 # checkpoint_every far beyond max_steps: the only checkpoint a stopped run holds is the one its
 # stop handler wrote. Checkpoints at epoch ends exist only when checkpoint_every is unset.
@@ -249,10 +250,8 @@ def test_sigterm_to_paddle_launch_stops_both_ranks_at_one_checkpoint(tmp_path, o
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     sets = ["framework=paddle", *SETTINGS, "loader.num_workers=1", "loader.batch_size=8"]
     sets += data_overrides("ocr", ocr_lmdb, image_h5)
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
-    cmd += ["--log_dir", str(logs)]
-    cmd += ["train/__main__.py", "--config", "configs/ocr/smoke.yaml", "--output-dir", str(run_dir)]
-    cmd += set_args(sets)
+    args = ["train/__main__.py", "--config", "configs/ocr/smoke.yaml", "--output-dir", str(run_dir)]
+    cmd = launch_command("paddle", sys.executable, 2, args + set_args(sets), log_dir=logs)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
     env["PYTHONPATH"] = str(ROOT)
     took = stop_launcher(cmd, run_dir, tmp_path / "launcher.out", env)
@@ -274,10 +273,8 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_checkpoint(tmp_path, image_
     run_dir = tmp_path / "run"
     sets = ["framework=torch", *SETTINGS, "loader.num_workers=1", "loader.batch_size=4"]
     sets += data_overrides("resnet50", None, image_h5)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    cmd += ["-m", "train", "--config", "configs/resnet50/smoke.yaml", "--output-dir", str(run_dir)]
-    cmd += set_args(sets)
+    args = ["-m", "train", "--config", "configs/resnet50/smoke.yaml", "--output-dir", str(run_dir)]
+    cmd = launch_command("torch", sys.executable, 2, args + set_args(sets), master=local_master())
     took = stop_launcher(cmd, run_dir, tmp_path / "torchrun.out")
     output = (tmp_path / "torchrun.out").read_text(errors="replace")
     assert_ranks_stopped_at_the_checkpoint([output], run_dir, output[-4000:])
@@ -356,10 +353,8 @@ def test_sigterm_during_evaluation_on_two_ranks_cuts_the_pass_on_both(tmp_path, 
     run_dir, out = tmp_path / "run", tmp_path / "torchrun.out"
     sets = ["framework=torch", *SETTINGS, f"train.eval_every={EVAL_STEP}", "loader.num_workers=1"]
     sets += ["loader.batch_size=4", *data_overrides("resnet50", None, image_h5)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    cmd += ["-m", "train", "--config", "configs/resnet50/smoke.yaml", "--output-dir", str(run_dir)]
-    cmd += set_args(sets)
+    args = ["-m", "train", "--config", "configs/resnet50/smoke.yaml", "--output-dir", str(run_dir)]
+    cmd = launch_command("torch", sys.executable, 2, args + set_args(sets), master=local_master())
     env = dict(os.environ, DATA_INJECT_FAULT="slow@500")
     with out.open("w") as sink:
         launcher = subprocess.Popen(
@@ -399,10 +394,8 @@ def test_sigterm_during_evaluation_on_two_paddle_ranks_cuts_the_pass_on_both(
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
     sets = ["framework=paddle", *SETTINGS, f"train.eval_every={EVAL_STEP}", "loader.num_workers=1"]
     sets += ["loader.batch_size=8", *data_overrides("ocr", ocr_lmdb, image_h5)]
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]
-    cmd += ["--log_dir", str(logs)]
-    cmd += ["train/__main__.py", "--config", "configs/ocr/smoke.yaml", "--output-dir", str(run_dir)]
-    cmd += set_args(sets)
+    args = ["train/__main__.py", "--config", "configs/ocr/smoke.yaml", "--output-dir", str(run_dir)]
+    cmd = launch_command("paddle", sys.executable, 2, args + set_args(sets), log_dir=logs)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_"))}
     env.update(PYTHONPATH=str(ROOT), DATA_INJECT_FAULT="slow@500")
     rank0 = logs / "workerlog.0"

@@ -21,13 +21,14 @@ torch = pytest.importorskip("torch")
 
 from tests.backends import TINY_OCR_DATA, build, make_config, start  # noqa: E402
 from tests.test_backend_torch import run_gloo_workers  # noqa: E402
-from tests.test_distributed import free_port  # noqa: E402
+from tests.test_distributed import local_master  # noqa: E402
 from tests.test_train import FAST, ROOT, data_overrides, set_args  # noqa: E402
 from train.backends.base import DistInfo  # noqa: E402
 from train.backends.torch import state as torch_state  # noqa: E402
 from train.backends.torch import trainer as torch_trainer  # noqa: E402
 from train.backends.torch.models import FAMILIES, memory_format  # noqa: E402
 from train.errors import RunError  # noqa: E402
+from train.launch import launch_command  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -125,11 +126,11 @@ def enabled_scaler():
 
 def test_resume_with_fp16_from_a_checkpoint_without_scaler_state(ocr_lmdb, tmp_path):
     saved = small_ocr_backend(ocr_lmdb)  # train.amp none: the scaler is disabled
-    saved.save_state(tmp_path)
+    saved.state.save_state(tmp_path)
     assert torch.load(tmp_path / "scaler.pt", weights_only=True) == {}
     resumed = small_ocr_backend(ocr_lmdb)
     resumed.trainer.scaler = enabled_scaler()  # train.amp changed to fp16
-    resumed.load_state(tmp_path)  # GradScaler.load_state_dict({}) raised here
+    resumed.state.load_state(tmp_path)  # GradScaler.load_state_dict({}) raised here
     assert resumed.trainer.scaler.is_enabled() and resumed.trainer.scaler.get_scale() == 2.0**16
 
 
@@ -138,10 +139,10 @@ def test_resume_without_fp16_from_a_checkpoint_with_scaler_state(ocr_lmdb, tmp_p
     saved.trainer.scaler = enabled_scaler()
     saved.trainer.scaler.scale(torch.ones(()))  # its scale starts at the first scale()
     saved.trainer.scaler.update(new_scale=512.0)
-    saved.save_state(tmp_path)
+    saved.state.save_state(tmp_path)
     assert torch.load(tmp_path / "scaler.pt", weights_only=True)["scale"] == 512.0
     resumed = small_ocr_backend(ocr_lmdb)  # train.amp none or bf16: the scaler is disabled
-    resumed.load_state(tmp_path)
+    resumed.state.load_state(tmp_path)
     assert not resumed.trainer.scaler.is_enabled() and resumed.trainer.scaler.state_dict() == {}
 
 
@@ -176,20 +177,20 @@ from train.config.load import config_from_dict
 config = config_from_dict(json.loads(sys.argv[1]))
 directory = sys.argv[2]
 backend = make_backend(config)
-info = backend.init_distributed()
-backend.seed_everything(0, True)
+info = backend.runtime.init_distributed()
+backend.runtime.seed_everything(0, True)
 backend.build(config.model, config.optim, (3, 16, 32), num_classes=5, total_steps=4)
 # Each rank's generators in a state of its own, as ranks drawing different numbers leave them.
 torch.manual_seed(100 + info.rank)
 random.seed(100 + info.rank)
 np.random.seed(100 + info.rank)
 saved = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
-backend.prepare_save()
+backend.state.prepare_save()
 if info.is_main:
-    backend.save_state(directory)
-backend.barrier()
+    backend.state.save_state(directory)
+backend.runtime.barrier()
 torch.rand(5), random.random(), np.random.rand(3)  # move every generator on
-backend.load_state(directory)
+backend.state.load_state(directory)
 report = {
     "rank": info.rank,
     "torch": torch.equal(torch.get_rng_state(), saved[0]),
@@ -197,8 +198,8 @@ report = {
     "numpy": bool(np.array_equal(np.random.get_state()[1], saved[2])),
     "draw": torch.rand(2).tolist(),
 }
-backend.barrier()
-backend.shutdown()
+backend.runtime.barrier()
+backend.runtime.shutdown()
 print("RESULT " + json.dumps(report))
 """
 
@@ -231,9 +232,8 @@ def test_torchrun_checkpoint_holds_every_ranks_generator_states(tmp_path, ocr_lm
     sets = ["framework=torch", *FAST, *data_overrides("ocr", ocr_lmdb, image_h5)]
     sets += ["train.max_steps=2", "train.checkpoint_every=2", "train.eval_every=2"]
     sets += ["loader.num_workers=0", "optim.warmup_steps=0"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "train"]
-    cmd += ["--config", "configs/ocr/smoke.yaml", "--output-dir", str(out), *set_args(sets)]
+    args = ["-m", "train", "--config", "configs/ocr/smoke.yaml", "--output-dir", str(out)]
+    cmd = launch_command("torch", sys.executable, 2, args + set_args(sets), master=local_master())
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -171,6 +171,31 @@ def test_bad_config_is_one_line_without_traceback(tmp_path):
     assert len(lines) == 1 and "loader.num_workers" in lines[0], result.stderr
 
 
+@pytest.mark.parametrize("command", ["train", "train.tune"])
+def test_a_config_for_the_other_frameworks_environment_is_one_line_exit_2(command, tmp_path):
+    """The venvs and images hold one framework each: a config naming the other one is the
+    likely mistake, told in one line with the environment to use, not an import traceback."""
+    import importlib.util
+
+    missing = [name for name in ("torch", "paddle") if importlib.util.find_spec(name) is None]
+    if not missing:
+        pytest.skip("this environment has both frameworks")
+    args = ["--config", "configs/ocr/smoke.yaml", "--set", f"framework={missing[0]}"]
+    args += ["--output-dir", str(tmp_path / "out")]
+    result = subprocess.run(
+        [sys.executable, "-m", command, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("config error")]
+    assert f"framework: {missing[0]}, which this Python" in line
+    assert f".venv-{missing[0]}/bin/python" in line
+
+
 @pytest.mark.parametrize("task, framework", [PAIRS[0], PAIRS[3]])
 def test_missing_dataset_is_a_clear_data_error(task, framework, tmp_path, ocr_lmdb, image_h5):
     missing = (f"data.train={tmp_path / 'nope'}",)

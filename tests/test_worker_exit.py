@@ -45,15 +45,21 @@ class StuckRead:
 
 config = make_config(sys.argv[1], "ocr", Path(sys.argv[2]),
                      loader={"batch_size": 2, "num_workers": 1, "timeout_s": 2})
-loader = start(config).make_loader(StuckRead(), EpochSampler(8, shuffle=False), config.loader,
-                                   train=True)
+batches = start(config).batches
+loader = batches.make_loader(StuckRead(), EpochSampler(8, shuffle=False), config.loader,
+                             train=True)
 try:
     for _ in loader:
         pass
 except (TimeoutError, RuntimeError):  # ours (Paddle), Torch's own "timed out"
     pass
-children = Path("/proc/self/task").glob("*/children")
-Path(sys.argv[3]).write_text(" ".join(pid for path in children for pid in path.read_text().split()))
+def children_of(task):
+    try:
+        return task.read_text().split()
+    except FileNotFoundError:  # a thread (a loader's) that ended since the listing
+        return []
+tasks = Path("/proc/self/task").glob("*/children")
+Path(sys.argv[3]).write_text(" ".join(pid for task in tasks for pid in children_of(task)))
 """
 
 

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if held.data is not None:
             held.data.close()
         if held.backend is not None:
-            held.backend.shutdown()
+            held.backend.runtime.shutdown()
         if held.lock is not None:
             held.lock.release()
 
@@ -174,11 +174,11 @@ def run(args, held: Held) -> int:
     faulthandler.disable()  # the framework's import installs its crash handlers over the defaults
     backend = make_backend(resolved.config)
     cli.report_native_crashes()  # over the framework's crash handlers
-    dist = backend.init_distributed()
+    dist = backend.runtime.init_distributed()
     held.backend = backend
     cli.setup_logging(None, dist.is_main)
     prepare_run_dir(run_dir, args, dist.is_main)
-    backend.barrier()
+    backend.runtime.barrier()
     resume = args.resume or (args.auto_resume and should_auto_resume(run_dir))
     cli.setup_logging(run_dir, dist.is_main)
     run_files.room_errors_of_threads_in_one_line()  # the scalar log's writer thread
@@ -190,10 +190,10 @@ def run(args, held: Held) -> int:
         run_dir,
         loaded.task,
         loaded.framework,
-        backend.device_name,
+        backend.runtime.device_name,
         dist.world_size,
     )
-    backend.seed_everything(loaded.seed, loaded.deterministic)
+    backend.runtime.seed_everything(loaded.seed, loaded.deterministic)
     log.info("num_workers=%d (%s)", resolved.config.loader.num_workers, resolved.workers_reason)
     if dist.local_rank == 0:  # one sweep per node, before any worker of this run exists
         preflight.remove_stale_batches()

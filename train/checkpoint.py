@@ -68,7 +68,7 @@ class Position:
         epochs_end = self.step + rest_of_epoch + later_epochs * steps_per_epoch
         total_steps = last_step(train_cfg, epochs_end, self.step_scale)
         warmup = round(config.optim.warmup_steps * self.step_scale)
-        backend.reschedule(self.step, total_steps, warmup)
+        backend.trainer.reschedule(self.step, total_steps, warmup)
         run_log.warning(
             "resuming a checkpoint of %d rank(s) on %d: global batch %d -> %d, step %d -> %d of "
             "%d (the same samples seen and learning-rate progress); the epoch's %d samples read "
@@ -196,7 +196,7 @@ def _write_state(directory: Path, backend, position: Position, config) -> None:
     (the position, what wrote it, each file's size and CRC-32 for restore to verify), all on
     disk before a rename makes it a checkpoint."""
     directory.mkdir(parents=True)
-    backend.save_state(directory)
+    backend.state.save_state(directory)
     faults.during_save(position.step)
     _fsync_tree(directory)
     meta = {
@@ -252,18 +252,18 @@ def save(run_dir: Path, backend, position: Position, keep_last: int, config) -> 
 def save_on_every_rank(
     run_dir: Path, backend, position: Position, config, is_main: bool
 ) -> WorkerDiedError | None:
-    """Every rank's part of a checkpoint of ``position`` (backend.prepare_save), written by
+    """Every rank's part of a checkpoint of ``position`` (backend.state.prepare_save), written by
     rank 0 (``is_main``); every rank returns once it is on disk. A loader worker that died
     while it was written is returned, not raised, for the caller to raise once it has recorded
     the checkpoint: it is complete, and the other ranks have passed the barrier too."""
     died = None
-    backend.prepare_save()  # every rank: what rank 0's checkpoint holds per rank
+    backend.state.prepare_save()  # every rank: what rank 0's checkpoint holds per rank
     if is_main:
         try:
             save(run_dir, backend, position, config.train.keep_last, config)
         except WorkerDiedError as error:  # saved; raised once the other ranks have it too
             died = error
-    backend.barrier()
+    backend.runtime.barrier()
     return died
 
 
@@ -360,7 +360,7 @@ def restore(run_dir: Path, backend, config) -> Position:
                     "--output-dir"
                 )
         try:
-            backend.load_state(path)
+            backend.state.load_state(path)
         except Exception as error:  # whatever the framework's reader raises on a bad file
             tried.append(f"{path.name}: {type(error).__name__}: {str(error)[:200]}")
             log.warning("checkpoint %s failed to load (%s): trying the one before", path, error)

@@ -161,14 +161,14 @@ class RunData:
                 f"{len(sampler)} samples of {config.data.train}",
                 "lower loader.batch_size (or use fewer ranks)",
             )
-        backend.set_cpu_threads(loader_cfg.num_workers)
-        loader = backend.make_loader(self.train, sampler, loader_cfg, train=True)
+        backend.batches.set_cpu_threads(loader_cfg.num_workers)
+        loader = backend.batches.make_loader(self.train, sampler, loader_cfg, train=True)
         val_sampler = val_loader = None
         if self.val is not None:
             val_sampler = EpochSampler(
                 len(self.val), shuffle=False, rank=dist.rank, world_size=dist.world_size
             )
-            val_loader = backend.make_loader(self.val, val_sampler, loader_cfg, train=False)
+            val_loader = backend.batches.make_loader(self.val, val_sampler, loader_cfg, train=False)
         return sampler, loader, val_sampler, val_loader
 
     def close(self) -> None:

@@ -408,6 +408,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from train.cli import failure_exit_code
     from train.config.errors import ConfigError
     from train.config.load import RESOLVED_NAME, load_config
     from train.stall import tune_command
@@ -423,8 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(config_path, args.overrides)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        return failure_exit_code(exc)  # printed in one line, exit 2
     tune = tune_command(config_path, args.overrides)
     checks = run_checks(config, output_dir, args.resume, args.run_dir, tune)
     print(render(checks))

@@ -100,10 +100,11 @@ def out_of_memory_named(backend, where: str):
     try:
         yield
     except Exception as exc:
-        if not backend.is_out_of_memory(exc):
+        if not backend.runtime.is_out_of_memory(exc):
             raise
+        device = backend.runtime.device_name
         raise OutOfMemoryError(
-            f"out of memory in {where} on {backend.device_name}: {str(exc).splitlines()[0]}. "
+            f"out of memory in {where} on {device}: {str(exc).splitlines()[0]}. "
             "HINT: lower loader.batch_size, use train.amp (bf16/fp16) on a GPU, or a smaller "
             "model.name; check that no other process holds the GPU's memory (nvidia-smi)"
         ) from exc

@@ -53,7 +53,7 @@ def evaluate(config, backend, dataset) -> dict:
     from datasets.sampler import EpochSampler
     from train import validation
 
-    loader = backend.make_loader(
+    loader = backend.batches.make_loader(
         dataset, EpochSampler(len(dataset), shuffle=False), config.loader, train=False
     )
     return validation.evaluate(backend, loader, config.task, breakdowns=True)
@@ -111,7 +111,7 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         for dataset in datasets:
             dataset.close()
         if backend is not None:
-            backend.shutdown()
+            backend.runtime.shutdown()
     text = json.dumps(reports[0] if len(reports) == 1 else reports, indent=2)
     print(text)
     out = Path(args.out) if args.out else None

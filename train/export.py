@@ -46,7 +46,9 @@ def export(model, config, fmt: str, out: Path) -> list[Path]:
     # that no name it takes there is a link (one planted there is refused, never written through).
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
-        files = backend.export(staging, fmt, task.input_shape(config.data), task.pad_value())
+        files = backend.exporter.export(
+            staging, fmt, task.input_shape(config.data), task.pad_value()
+        )
         files += inference.write_contract(staging, config, labels)
         spec_path = staging / tasks.CONTRACT_FILE
         spec = json.loads(spec_path.read_text(encoding="utf-8"))
@@ -59,7 +61,7 @@ def export(model, config, fmt: str, out: Path) -> list[Path]:
             os.replace(path, out / path.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    backend.shutdown()
+    backend.runtime.shutdown()
     return [out / f.name for f in files]
 
 

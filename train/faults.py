@@ -65,11 +65,11 @@ def before_step(step: int, batch: dict, backend) -> dict:
     if kind == "nan":
         return {**batch, "image": batch["image"] * math.nan}
     if kind == "oom":
-        raise backend.out_of_memory_errors[0](
+        raise backend.runtime.out_of_memory_errors[0](
             f"CUDA out of memory. Tried to allocate 2.00 GiB ({ENV}=oom@{step}, injected)"
         )
     if kind == "alloc":
-        backend.allocate_bytes(UNALLOCATABLE_BYTES)
+        backend.runtime.allocate_bytes(UNALLOCATABLE_BYTES)
     if kind == "killidle":
         time.sleep(1.0)  # the workers fill their prefetch and wait for the next index
         _kill_a_worker(step, kind)

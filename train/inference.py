@@ -295,7 +295,7 @@ def load_backend(model: TrainedModel, config, labels: list[str]):
             f"{config.framework}. HINT: run with the {model.framework} environment and config"
         )
     backend = _built_backend(config, labels, model.checkpoint)
-    backend.load_state(model.checkpoint)
+    backend.state.load_state(model.checkpoint)
     return backend
 
 
@@ -304,9 +304,9 @@ def load_weights(path: str, config, labels: list[str]):
     model. Every tensor of the model must come from ``path``: evaluating a partly fresh model
     would report figures of weights nobody trained."""
     backend = _built_backend(config, labels, Path(path))
-    report = backend.init_weights_from(path)
+    report = backend.state.init_weights_from(path)
     if report.missing or report.shape_mismatched:
-        backend.shutdown()
+        backend.runtime.shutdown()
         raise InferenceError(
             f"{path} does not hold the whole {config.model.name} model: "
             f"{len(report.missing)} of its tensors are missing (first: {report.missing[:3]}), "
@@ -326,8 +326,8 @@ def _built_backend(config, labels: list[str], origin: Path):
         backend = make_backend(config)
     except ImportError as error:
         raise framework_missing(config.framework, origin) from error
-    backend.init_distributed()
-    backend.seed_everything(config.seed, config.deterministic)
+    backend.runtime.init_distributed()
+    backend.runtime.seed_everything(config.seed, config.deterministic)
     input_shape = tasks.get(config.task).input_shape(config.data)
     backend.build(config.model, config.optim, input_shape, num_classes(config, labels), 1)
     return backend

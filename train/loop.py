@@ -84,12 +84,15 @@ class Run:
         position, backend = self.position, self.backend
         self.start_epoch()
         left = len(self.sampler)  # this rank's samples in the rest of the epoch
-        batches = self.telemetry.timed(backend.device_batches(self.loader))
+        batches = self.telemetry.timed(backend.batches.device_batches(self.loader))
         if faults.injected():  # TRAIN_INJECT_FAULT: the fault tests' poisoned batches
             batches = faults.steps(batches, position.step + 1, backend)
         for batch in batches:
-            with backend.profile_range("train_step"), out_of_memory_named(backend, "a train step"):
-                backend.train_step(batch)  # queued: nothing here waits for the device
+            with (
+                backend.runtime.profile_range("train_step"),
+                out_of_memory_named(backend, "a train step"),
+            ):
+                backend.trainer.train_step(batch)  # queued: nothing here waits for the device
             position.step += 1
             position.epoch_samples += self.batch_size * self.dist.world_size
             left -= self.batch_size
@@ -126,7 +129,7 @@ class Run:
             self.read_steps()  # the window's one read, before anything is saved
         if log_now:
             bad = sum(self.data.train.bad_log.epoch_counts().values())
-            lr = self.backend.current_lr()
+            lr = self.backend.trainer.current_lr()
             self.telemetry.log_window(step, self.position.epoch, self.loss, lr, bad)
         if evaluate_now:
             self.evaluate()
@@ -159,7 +162,7 @@ class Run:
 
     def evaluate(self) -> None:
         if self.val_loader is not None:
-            self.backend.sync_buffers()  # every rank evaluates the checkpoint's model
+            self.backend.trainer.sync_buffers()  # every rank evaluates the checkpoint's model
             log.info("evaluating at step %d", self.position.step)
             started = time.monotonic()
             loader, counted = self.val_loader, self.val_sampler.unpadded  # not the padding
@@ -190,7 +193,7 @@ class Run:
             checkpoint.save_best(
                 self.run_dir, self.backend, self.position, self.config, metric, value
             )
-        self.backend.barrier()
+        self.backend.runtime.barrier()
 
     def save(self) -> None:
         position, is_main = self.position, self.dist.is_main

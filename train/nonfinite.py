@@ -1,14 +1,14 @@
 """train.nonfinite: what a step whose loss or gradients were NaN/Inf does to the run.
 
 The backend keeps such a step's loss and flag on the device; this policy reads the steps queued
-since its last read in ONE read of the device (backend.read_steps), once per logging window and
-before an evaluation, a checkpoint or the end of an epoch, where the loop waits for the device
+since its last read in ONE read of the device (backend.trainer.read_steps), once per logging window
+and before an evaluation, a checkpoint or the end of an epoch, where the loop waits for the device
 anyway. So an abort comes up to train.log_every - 1 steps after its bad step, naming that step:
 nothing is lost by the wait, since every evaluation and checkpoint comes after a read, and no
-weights of a bad step or of the steps after it are ever evaluated or saved. Under skip the
-backend undoes a bad step's update on every rank, since the run goes on from those weights;
-under abort the run ends at the read, so the backend need not undo it (the Paddle backend does
-not, and copies no state per step for it).
+weights of a bad step or of the steps after it are ever evaluated or saved. Under skip the backend
+undoes a bad step's update on every rank, since the run goes on from those weights; under abort the
+run ends at the read, so the backend need not undo it (the Paddle backend does not, and copies no
+state per step for it).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class NonFiniteSteps:
         reads, self.unread = self.unread, []
         if not reads:
             return None
-        rows = backend.read_steps()
+        rows = backend.trainer.read_steps()
         if len(rows) != len(reads):
             raise RuntimeError(
                 f"the backend read {len(rows)} steps where the loop ran {len(reads)}: every "

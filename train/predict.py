@@ -63,7 +63,9 @@ def open_model(path: str, overrides=()) -> Model:
     backend = inference.load_backend(trained, config, labels)
     spec = inference.contract(config)
     task = config.task
-    return Model(spec, labels, lambda batch: inference.probabilities(task, backend.infer(batch)))
+    return Model(
+        spec, labels, lambda batch: inference.probabilities(task, backend.exporter.infer(batch))
+    )
 
 
 def predict(model: Model, inputs, batch_size: int):

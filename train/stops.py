@@ -129,7 +129,7 @@ def stop_now(stop: StopFlag, step: int, every: int, dist, backend) -> bool:
         return stop.requested
     if step % every:
         return False
-    return backend.all_reduce_sum([float(stop.requested)])[0] > 0
+    return backend.runtime.all_reduce_sum([float(stop.requested)])[0] > 0
 
 
 class StopFlag:

@@ -353,10 +353,10 @@ def run_telemetry(config, backend, dist, run_dir: Path) -> Telemetry:
         run_dir,
         dist.is_main,
         loader_cfg.batch_size * dist.world_size,
-        backend.device_index,  # the GPU NVML reports on (None on the CPU)
+        backend.runtime.device_index,  # the GPU NVML reports on (None on the CPU)
         knobs,
         config.train.stall_warn_fraction,
-        backend.scalar_writer(run_dir / "scalars") if dist.is_main else None,
+        backend.runtime.scalar_writer(run_dir / "scalars") if dist.is_main else None,
         num_workers=loader_cfg.num_workers,
         local_ranks=dist.local_world_size,
     )

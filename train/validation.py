@@ -45,9 +45,12 @@ def evaluate(
     else:
         host_batches = StopAwareBatches(loader, stop_flag)
     try:
-        for batch in backend.device_batches(host_batches):
+        for batch in backend.batches.device_batches(host_batches):
             with out_of_memory_named(backend, "evaluation"):
-                predicted, labels = backend.predict(batch), backend.batch_labels(batch)
+                predicted, labels = (
+                    backend.trainer.predict(batch),
+                    backend.batches.batch_labels(batch),
+                )
             if counted is not None:  # the padding: the rows after this rank's own samples
                 predicted = predicted[:counted]
                 labels = {key: value[:counted] for key, value in labels.items()}
@@ -62,7 +65,7 @@ def evaluate(
     except EvaluationInterrupted as interrupted:
         interrupted.batches = host_batches
         raise
-    result = metric.summarize(backend.all_reduce_sum(metric.state()))
+    result = metric.summarize(backend.runtime.all_reduce_sum(metric.state()))
     if not breakdowns:
         return result
     return {**result, "samples": samples} | {key: b.summarize() for key, b in extra.items()}

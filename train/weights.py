@@ -227,7 +227,7 @@ def apply_init_from(config, backend, run_dir: Path, resume: bool, is_main: bool)
     if resume:
         log.info("model.init_from %s ignored: resuming, the run's checkpoint wins", source)
         return
-    report = backend.init_weights_from(source)
+    report = backend.state.init_weights_from(source)
     log.info(report.summary())
     if is_main:
         text = json.dumps(asdict(report), indent=2)

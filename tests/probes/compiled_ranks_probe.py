@@ -63,19 +63,19 @@ def main() -> None:
     sets = [f"framework={framework}", "train.compile=true", "optim.warmup_steps=0"]
     config = load_config("configs/ocr/smoke.yaml", sets)
     backend = make_backend(config)
-    dist = backend.init_distributed()
-    backend.seed_everything(config.seed, config.deterministic)
+    dist = backend.runtime.init_distributed()
+    backend.runtime.seed_everything(config.seed, config.deterministic)
     backend.build(config.model, config.optim, SHAPE, CLASSES, total_steps=steps)
     initial = trainable(backend, framework)
     rng = np.random.default_rng(1000 + dist.rank)  # each rank its own data, as a shard is
     loader = [host_batch(framework, rng) for _ in range(steps)]
-    for batch in backend.device_batches(loader):
-        backend.to_float(backend.train_step(batch))
+    for batch in backend.batches.device_batches(loader):
+        backend.trainer.to_float(backend.trainer.train_step(batch))
     np.savez(out / f"rank{dist.rank}.npz", **trainable(backend, framework))
     if dist.rank == 0:
         np.savez(out / "initial.npz", **initial)
-    backend.barrier()
-    backend.shutdown()
+    backend.runtime.barrier()
+    backend.runtime.shutdown()
 
 
 if __name__ == "__main__":

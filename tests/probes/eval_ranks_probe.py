@@ -40,15 +40,15 @@ def main() -> None:
     config = load_config("configs/ocr/smoke.yaml", sets)
     task = tasks.get(config.task)
     backend = make_backend(config)
-    dist = backend.init_distributed()
-    backend.seed_everything(config.seed, config.deterministic)  # the same model every run
+    dist = backend.runtime.init_distributed()
+    backend.runtime.seed_everything(config.seed, config.deterministic)  # the same model every run
     dataset = task.open_dataset(config.data, str(lmdb), train=False)
     classes = task.num_classes(config.model, dataset)
     backend.build(config.model, config.optim, task.input_shape(config.data), classes, 10)
-    backend.sync_buffers()  # one model on both ranks (the wrapper broadcast rank 0's weights)
+    backend.trainer.sync_buffers()  # one model on both ranks (the wrapper broadcast rank 0's)
 
     def loader(sampler: EpochSampler):
-        return backend.make_loader(dataset, sampler, config.loader, train=False)
+        return backend.batches.make_loader(dataset, sampler, config.loader, train=False)
 
     share = EpochSampler(len(dataset), shuffle=False, rank=dist.rank, world_size=dist.world_size)
     sharded = evaluate(backend, loader(share), config.task, dist=dist, counted=share.unpadded)
@@ -56,17 +56,17 @@ def main() -> None:
     whole = evaluate(backend, loader(whole_sampler), config.task, dist=dist)
 
     per_sample = []  # each sample's 1 - normalized edit distance, in position order
-    for batch in backend.device_batches(loader(whole_sampler)):
-        predicted, labels = backend.predict(batch), backend.batch_labels(batch)
+    for batch in backend.batches.device_batches(loader(whole_sampler)):
+        predicted, labels = backend.trainer.predict(batch), backend.batches.batch_labels(batch)
         for row in range(len(predicted)):
             metric, rows = OcrMetric(), slice(row, row + 1)
             metric.update(predicted[rows], {key: value[rows] for key, value in labels.items()})
             per_sample.append(OcrMetric.summarize(metric.state())["norm_edit_dis"])
     if dist.is_main:
         out.write_text(json.dumps({"sharded": sharded, "whole": whole, "per_sample": per_sample}))
-    backend.barrier()
+    backend.runtime.barrier()
     dataset.close()
-    backend.shutdown()
+    backend.runtime.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Run under a launcher with 2 ranks: build a ResNet-18 with the project's backend, give each
 rank different BatchNorm running statistics (as training on each rank's own batches does), call
-backend.sync_buffers(), and write what each rank then holds. Used by tests/test_distributed.py.
+backend.trainer.sync_buffers(), and write what each rank then holds. Used by
+tests/test_distributed.py.
 
   python -m torch.distributed.run --nproc-per-node 2 tests/probes/sync_buffers_probe.py torch OUT
   python -m paddle.distributed.launch --nproc_per_node 2 tests/probes/sync_buffers_probe.py \
@@ -32,7 +33,7 @@ def main() -> None:
     sets = [f"framework={framework}", "model.name=resnet18", "data.image_size=32"]
     config = load_config("configs/resnet50/smoke.yaml", sets)
     backend = make_backend(config)
-    dist = backend.init_distributed()
+    dist = backend.runtime.init_distributed()
     backend.build(config.model, config.optim, (3, 32, 32), 4, total_steps=10)
     stats = running_statistics(backend, framework)
     for tensor in stats:  # each rank's own statistics, as after training on its own batches
@@ -41,11 +42,11 @@ def main() -> None:
             tensor.data.copy_(_torch(value))
         else:
             tensor.set_value(value)
-    backend.sync_buffers()
-    held = np.concatenate([backend.to_numpy(t).ravel() for t in stats])
+    backend.trainer.sync_buffers()
+    held = np.concatenate([backend.batches.to_numpy(t).ravel() for t in stats])
     np.save(out / f"rank{dist.rank}.npy", held)
-    backend.barrier()
-    backend.shutdown()
+    backend.runtime.barrier()
+    backend.runtime.shutdown()
 
 
 def _torch(value):

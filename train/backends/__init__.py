@@ -9,7 +9,9 @@ and only the one a config asks for is imported.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,6 +50,19 @@ def launcher_dist(framework: str) -> DistInfo:
 
 
 def make_backend(config) -> Backend:
-    """The backend ``config.framework`` names, for the config's task and train: section."""
+    """The backend ``config.framework`` names, for the config's task and train: section; a
+    ConfigError (exit 2, one line) when this Python lacks that framework, the most common cause
+    being the other framework's environment (the venvs and images hold one framework each)."""
     module, name = BACKENDS[config.framework]
+    if importlib.util.find_spec(config.framework) is None:
+        from train.config.errors import ConfigError
+
+        others = [other for other in BACKENDS if other != config.framework]
+        raise ConfigError(
+            "framework",
+            f"{config.framework}, which this Python ({sys.executable}) does not have",
+            f"run with the {config.framework} environment (.venv-{config.framework}/bin/python "
+            f"from make setup, or the {config.framework} image), or set framework: "
+            + " or ".join(others),
+        )
     return getattr(importlib.import_module(module), name)(config.task, config.train)

@@ -9,23 +9,23 @@ what needs no framework written once in train/backends/common.py:
     StateIO   checkpoints (save, verified load) and model.init_from's weights
     Exporter  the trained model after training: raw scores (train.predict), deployment files
 
-:class:`Backend` composes them behind the one object the loop and its helpers call. The loop
-calls, in this order:
+:class:`Backend` makes the five together; callers reach each part by name. The loop calls, in
+this order:
 
     backend = make_backend(config)            # train/backends/__init__.py: by config.framework
-    dist = backend.init_distributed()         # torchrun / paddle.distributed.launch env, device
-    backend.seed_everything(seed, deterministic)
-    backend.set_cpu_threads(config.loader.num_workers)  # share the cores with the workers
-    train_loader = backend.make_loader(train_set, sampler, config.loader, train=True)
+    dist = backend.runtime.init_distributed() # torchrun / paddle.distributed.launch env, device
+    backend.runtime.seed_everything(seed, deterministic)
+    backend.batches.set_cpu_threads(config.loader.num_workers)  # share the cores with workers
+    loader = backend.batches.make_loader(train_set, sampler, config.loader, train=True)
     backend.build(config.model, config.optim, input_shape, num_classes, total_steps)
-    backend.load_state(dir)                   # on --resume
+    backend.state.load_state(dir)             # on --resume
     for each epoch:
-        for batch in backend.device_batches(train_loader):   # on the device, normalized
-            loss = backend.train_step(batch)                  # NOT synchronized
-            backend.read_steps()                              # once per log window (syncs)
-        backend.predict(batch) / backend.batch_labels(batch)  # evaluation
-        backend.prepare_save()                                # every rank, then on rank 0:
-        backend.save_state(tmp_dir)                           # checkpoint (atomic rename is ours)
+        for batch in backend.batches.device_batches(loader):  # on the device, normalized
+            loss = backend.trainer.train_step(batch)          # NOT synchronized
+            backend.trainer.read_steps()                      # once per log window (syncs)
+        backend.trainer.predict(batch), backend.batches.batch_labels(batch)  # evaluation
+        backend.state.prepare_save()                          # every rank, then on rank 0:
+        backend.state.save_state(tmp_dir)     # checkpoint (the atomic rename is ours)
 
 A backend is made for one task (train/tasks.py) and the ``train:`` section, and is handed the
 other sections where it uses them. What it does per task is only the loss and the decoding,
@@ -264,10 +264,10 @@ class Exporter(Protocol):
 
 
 class Backend:
-    """One framework's five parts behind the calls the loop and its helpers make: each call
-    goes to the part that answers it (the parts' protocols above give the contracts), so call
-    sites need not know how the backend is divided. build() is the one call that reaches two
-    parts: the batches are normalized for the model built."""
+    """One framework's five parts, made together: callers reach each through its part
+    (``backend.runtime.barrier()``, ``backend.trainer.train_step(batch)``), whose protocol above
+    gives its contract, so a call site says which part it needs. ``build`` is the one call that
+    reaches two parts: the trainer builds the model, then the batches are normalized for it."""
 
     name: str
 
@@ -284,119 +284,8 @@ class Backend:
         self.runtime, self.batches, self.trainer = runtime, batches, trainer
         self.state, self.exporter = state, exporter
 
-    # --- Runtime ---------------------------------------------------------------------------
-    @property
-    def dist(self) -> DistInfo:
-        return self.runtime.dist
-
-    @property
-    def out_of_memory_errors(self) -> tuple[type[BaseException], ...]:
-        return self.runtime.out_of_memory_errors
-
-    @property
-    def device_name(self) -> str:
-        return self.runtime.device_name
-
-    @property
-    def device_index(self) -> int | None:
-        return self.runtime.device_index
-
-    @property
-    def uses_gpu(self) -> bool:
-        return self.runtime.uses_gpu
-
-    def init_distributed(self) -> DistInfo:
-        return self.runtime.init_distributed()
-
-    def is_out_of_memory(self, exc: BaseException) -> bool:
-        return self.runtime.is_out_of_memory(exc)
-
-    def allocate_bytes(self, count: int) -> object:
-        return self.runtime.allocate_bytes(count)
-
-    def seed_everything(self, seed: int, deterministic: bool) -> None:
-        self.runtime.seed_everything(seed, deterministic)
-
-    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
-        return self.runtime.all_reduce_sum(values)
-
-    def barrier(self) -> None:
-        self.runtime.barrier()
-
-    def synchronize(self) -> None:
-        self.runtime.synchronize()
-
-    def profile_range(self, name: str) -> contextlib.AbstractContextManager:
-        return self.runtime.profile_range(name)
-
-    def scalar_writer(self, log_dir: Path) -> Any | None:
-        return self.runtime.scalar_writer(log_dir)
-
-    def shutdown(self) -> None:
-        self.runtime.shutdown()
-
-    # --- Batches ---------------------------------------------------------------------------
-    def set_cpu_threads(self, num_workers: int) -> None:
-        self.batches.set_cpu_threads(num_workers)
-
-    def make_loader(self, dataset, sampler, loader_config, train: bool) -> Any:
-        return self.batches.make_loader(dataset, sampler, loader_config, train)
-
-    def device_batches(self, loader) -> Iterator[dict[str, Any]]:
-        return self.batches.device_batches(loader)
-
-    def batch_labels(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
-        return self.batches.batch_labels(batch)
-
-    def to_numpy(self, tensor: Any) -> np.ndarray:
-        return self.batches.to_numpy(tensor)
-
-    # --- Trainer ---------------------------------------------------------------------------
     def build(
         self, model, optim, input_shape: tuple[int, int, int], num_classes: int, total_steps: int
     ) -> None:
         self.trainer.build(model, optim, input_shape, num_classes, total_steps)
         self.batches.normalize_for(self.task.model(model.name))
-
-    def reschedule(self, step: int, total_steps: int, warmup_steps: int) -> None:
-        self.trainer.reschedule(step, total_steps, warmup_steps)
-
-    def train_step(self, batch: dict[str, Any]) -> Any:
-        return self.trainer.train_step(batch)
-
-    def read_steps(self) -> np.ndarray:
-        return self.trainer.read_steps()
-
-    def to_float(self, loss: Any) -> float:
-        return self.trainer.to_float(loss)
-
-    def current_lr(self) -> float:
-        return self.trainer.current_lr()
-
-    def predict(self, batch: dict[str, Any]) -> np.ndarray:
-        return self.trainer.predict(batch)
-
-    def num_parameters(self) -> int:
-        return self.trainer.num_parameters()
-
-    def sync_buffers(self) -> None:
-        self.trainer.sync_buffers()
-
-    # --- StateIO and Exporter ----------------------------------------------------------------
-    def prepare_save(self) -> None:
-        self.state.prepare_save()
-
-    def save_state(self, directory: Path) -> None:
-        self.state.save_state(directory)
-
-    def load_state(self, directory: Path) -> None:
-        self.state.load_state(directory)
-
-    def init_weights_from(self, path: str | Path) -> Any:
-        return self.state.init_weights_from(path)
-
-    def infer(self, images: np.ndarray) -> np.ndarray:
-        return self.exporter.infer(images)
-
-    def export(self, directory: Path, fmt: str, input_shape, pad: float | None) -> list[Path]:
-        return self.exporter.export(directory, fmt, input_shape, pad)

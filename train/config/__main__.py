@@ -9,6 +9,7 @@ import sys
 
 import yaml
 
+from train.cli import failure_exit_code
 from train.config.errors import ConfigError
 from train.config.load import add_overrides_argument, load_config
 
@@ -38,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 2
+        return failure_exit_code(error)  # printed in one line, exit 2
     if args.get is not None:
         try:
             value = lookup(config.to_dict(), args.get)

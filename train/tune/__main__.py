@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from train import errors
+from train import cli, errors
 
 log = logging.getLogger("train.tune")
 
@@ -87,10 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     except LoaderFailed as failed:  # its report (the sample, the worker, the hint) is printed
         return failed.code
     except Exception as exc:
-        code = errors.exit_code(exc)
+        code = cli.failure_exit_code(exc)  # printed, as python -m train prints it
         if code is None:
             raise
-        print(exc if code == errors.EXIT_CONFIG else f"error: {exc}", file=sys.stderr)
         if code == errors.EXIT_DEVICE and args.step_ms is None:
             print(
                 "HINT: to tune for a GPU that is not on this host, pass its step time: "

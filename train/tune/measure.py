@@ -229,7 +229,7 @@ def loader_cpu(
     sampler = EpochSampler((warm + measured) * batch_size, shuffle=True, seed=config.seed)
     with failures_named(config, dataset):
         with more_workers_than_cores():
-            loader = backend.make_loader(dataset, sampler, loader_cfg, train=True)
+            loader = backend.batches.make_loader(dataset, sampler, loader_cfg, train=True)
             iterator = batches_of(backend, loader, on_device)
             next(iterator)
         for _ in range(warm - 1):  # the first batches allocate what the later ones reuse
@@ -327,7 +327,7 @@ def step_seconds(config, backend, dataset, batch_size: int, seconds: float) -> d
     from datasets.sampler import EpochSampler
     from train import tasks
 
-    on_gpu = backend.uses_gpu
+    on_gpu = backend.runtime.uses_gpu
     measured_batch = batch_size if on_gpu else min(batch_size, 8)
     loader_cfg = dataclasses.replace(
         config.loader, batch_size=measured_batch, num_workers=0, prefetch_factor=None
@@ -335,22 +335,24 @@ def step_seconds(config, backend, dataset, batch_size: int, seconds: float) -> d
     task = tasks.get(config.task)
     num_classes = task.num_classes(config.model, dataset)
     backend.build(config.model, config.optim, task.input_shape(config.data), num_classes, 1_000_000)
-    loader = backend.make_loader(dataset, EpochSampler(measured_batch), loader_cfg, train=True)
-    batch = next(iter(backend.device_batches(loader)))
+    loader = backend.batches.make_loader(
+        dataset, EpochSampler(measured_batch), loader_cfg, train=True
+    )
+    batch = next(iter(backend.batches.device_batches(loader)))
     for _ in range(2):  # warm-up: kernels chosen, memory allocated
-        backend.train_step(batch)
-    backend.read_steps()
+        backend.trainer.train_step(batch)
+    backend.trainer.read_steps()
     steps, start = 0, time.perf_counter()
     while steps < 3 or (time.perf_counter() - start < seconds and steps < 50):
-        backend.train_step(batch)
+        backend.trainer.train_step(batch)
         steps += 1
         if not on_gpu or steps % 5 == 0:
-            backend.read_steps()
-    backend.read_steps()
+            backend.trainer.read_steps()
+    backend.trainer.read_steps()
     took = (time.perf_counter() - start) / steps
     return {
         "step_s": took * batch_size / measured_batch,
-        "device": backend.device_name,
+        "device": backend.runtime.device_name,
         "measured_batch": measured_batch,
         "steps": steps,
     }

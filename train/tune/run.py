@@ -88,11 +88,11 @@ def prepare(config, step_ms: float | None, local_ranks: int, held: list):
     )
     level = logging.getLogger().level
     backend = make_backend(config)
-    held.append(backend.shutdown)
+    held.append(backend.runtime.shutdown)
     # Paddle's import sets up the root logger its own way (WARNING and up): put ours back.
     logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
-    backend.init_distributed()
-    backend.seed_everything(config.seed, config.deterministic)
+    backend.runtime.init_distributed()
+    backend.runtime.seed_everything(config.seed, config.deterministic)
     return config, backend
 
 
@@ -118,7 +118,7 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
         if step_ms is not None:
             step = {"step_s": step_ms / 1e3, "source": "--step-ms"}
         else:
-            log.info("measuring the model's step on %s", backend.device_name)
+            log.info("measuring the model's step on %s", backend.runtime.device_name)
             step = measure.step_seconds(
                 config, backend, dataset, batch, max(1.0, budget_s * STEP_SHARE)
             )
@@ -129,7 +129,7 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
         framework=config.framework,
         batch_size=batch,
         step_s=step["step_s"],
-        step_on_cpu=step_ms is None and not backend.uses_gpu,
+        step_on_cpu=step_ms is None and not backend.runtime.uses_gpu,
         local_ranks=local_ranks,
         cache_max_bytes=config.data.cache_max_bytes,
         shm_need=shm_need(config, local_ranks),

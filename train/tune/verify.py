@@ -59,10 +59,10 @@ class RealStep:
         self.backend = backend
 
     def step(self, batch) -> None:
-        self.backend.train_step(batch)
+        self.backend.trainer.train_step(batch)
 
     def synchronize(self) -> None:
-        self.backend.read_steps()
+        self.backend.trainer.read_steps()
 
 
 def with_candidate(config, candidate: Candidate):
@@ -140,7 +140,7 @@ def batches_of(backend, loader, on_device: bool):
     """The loader's batches as the trainer takes them: moved to the device and normalized
     there when the step runs here; as the loader hands them over (host tensors) when the device
     is elsewhere, whose copy and normalization run on it, asynchronously, not on this host."""
-    return iter(backend.device_batches(loader) if on_device else loader)
+    return iter(backend.batches.device_batches(loader) if on_device else loader)
 
 
 def measure(
@@ -176,7 +176,7 @@ def measure(
         sampler = EpochSampler((warm + window) * batch, shuffle=True, seed=config.seed)
         with failures_named(config, dataset):
             with more_workers_than_cores():
-                loader = backend.make_loader(dataset, sampler, config.loader, train=True)
+                loader = backend.batches.make_loader(dataset, sampler, config.loader, train=True)
                 batches = batches_of(backend, loader, on_device)
                 first = next(batches)
             try:
