@@ -164,12 +164,76 @@ def test_when_the_device_is_the_limit_the_search_only_tries_fewer_workers(monkey
     monkeypatch.setattr(verify, "measure", measure)
     deadline = time.perf_counter() + 60
     tune_run.search(tuning, None, None, None, 1.0, deadline, on_device=False)
-    assert [m.candidate.workers for m in tuning.measured] == [4, 3, 2, 1]
+    walk = [m.candidate.workers for m in tuning.measured]
+    # The walk down, then the pick (2) and the fastest (4) confirmed to MIN_RUNS runs each.
+    assert walk[:4] == [4, 3, 2, 1] and sorted(walk[4:]) == [2, 2, 4, 4]
     assert {
         (m.candidate.prefetch, m.candidate.cache, m.candidate.ring) for m in tuning.measured
     } == {(1, "none", True)}
     tune_run.choose(tuning)
     assert tuning.pick == model.Candidate(2, 1, "none", True)
+
+
+def _measured_tuning(runs: dict) -> object:
+    """A Tuning whose measured runs are ``runs`` ({candidate: [samples/s, ...]})."""
+    from train.tune import run as tune_run
+    from train.tune import verify
+
+    plan = model.plan(COSTS, HOST, target(step_s=0.001))
+    tuning = tune_run.Tuning(HOST, COSTS, {}, {"step_s": 0.001}, target(0.001), plan)
+    for candidate, rates in runs.items():
+        tuning.measured += [verify.Measured(candidate, rate, 10, 0.1) for rate in rates]
+    return tuning
+
+
+def test_more_workers_are_picked_only_when_their_gain_beats_the_noise():
+    from train.tune import run as tune_run
+
+    two, four = model.Candidate(2, 1, "none", True), model.Candidate(4, 1, "none", True)
+    # 4 workers read 6% faster by their medians, but the runs spread +-15%: not measurably
+    # faster, so the cheaper 2 workers are as good.
+    noisy = _measured_tuning({two: [1000, 1150, 850], four: [1060, 1220, 900]})
+    tune_run.choose(noisy)
+    assert noisy.pick == two
+    low, high = noisy.interval(four)
+    assert low < 1000 < high  # two's mean lies inside four's interval
+    # The same 6% gain with runs that agree to 1%: beyond the noise and the 3% margin.
+    steady = _measured_tuning({two: [1000, 1005, 995], four: [1060, 1065, 1055]})
+    tune_run.choose(steady)
+    assert steady.pick == four
+    # Within the 3% margin, the cheaper setting however steady the runs.
+    close = _measured_tuning({two: [1000, 1001, 999], four: [1020, 1021, 1019]})
+    tune_run.choose(close)
+    assert close.pick == two
+
+
+def test_a_setting_measured_once_is_neither_picked_nor_the_yardstick():
+    """One lucky run of 8 workers does not decide: the settings measured more than once are
+    compared, and the pick is measured again until it has MIN_RUNS runs."""
+    from train.tune import run as tune_run
+    from train.tune import verify
+
+    two, eight = model.Candidate(2, 1, "none", True), model.Candidate(8, 1, "none", True)
+    tuning = _measured_tuning({two: [1000, 1002], eight: [1500]})  # 8 workers: one outlier
+    assert tune_run.current_pick(tuning) == (two, two)  # the single run is no yardstick
+    again = []
+
+    def run(candidate):
+        again.append(candidate)
+        tuning.measured.append(verify.Measured(candidate, 1001, batches=10, seconds=0.1))
+
+    tune_run.confirm_pick(tuning, run)
+    assert again == [two] and len(tuning.rates()[two]) == tune_run.MIN_RUNS
+    tune_run.choose(tuning)
+    assert tuning.pick == two
+
+
+def test_a_measured_window_covers_rounds_of_every_worker():
+    from train.tune.verify import MIN_WINDOW_BATCHES, ROUNDS_PER_WINDOW, window_batches
+
+    assert window_batches(0, 0.1, 100.0, 10) == MIN_WINDOW_BATCHES  # 1 batch by time
+    assert window_batches(8, 0.1, 100.0, 10) == ROUNDS_PER_WINDOW * 8  # rounds, not seconds
+    assert window_batches(2, 5.0, 1000.0, 10) == 500  # a long window by time stays long
 
 
 def test_summarize_takes_medians_and_the_handover_beyond_making_the_batch():
@@ -210,12 +274,18 @@ FRAMEWORKS = [
 def test_tune_writes_a_tuned_config_that_validates_and_trains(
     task, framework, tmp_path, ocr_lmdb, image_h5
 ):
-    sets = [f"framework={framework}", *data_overrides(task, ocr_lmdb, image_h5)]
+    # Batches of 8: the CPU step of each measured run (3 runs of the pick, at least 8 batches
+    # each) then fits a 20 s budget.
+    sets = [
+        f"framework={framework}",
+        "loader.batch_size=8",
+        *data_overrides(task, ocr_lmdb, image_h5),
+    ]
     out = tmp_path / "tune"
     tuned = subprocess.run(
         [sys.executable, "-m", "train.tune", "--config", f"configs/{task}/smoke.yaml"]
         + set_args(sets)
-        + ["--budget-s", "10", "--output-dir", str(out)],
+        + ["--budget-s", "20", "--output-dir", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -227,6 +297,8 @@ def test_tune_writes_a_tuned_config_that_validates_and_trains(
     assert report["step"]["step_s"] > 0
     settings = {row["setting"] for row in report["measured"]}
     assert report["pick"]["setting"] in settings and report["configured"] in settings
+    (pick_row,) = [row for row in report["measured"] if row["setting"] == report["pick"]["setting"]]
+    assert len(pick_row["runs"]) >= 3 and pick_row["interval_95"] is not None  # never one run
     assert all(row["samples_per_s"] > 0 for row in report["measured"])
     assert report["bottleneck"] in model.BOTTLENECK_TEXT
     assert (out / "throughput.png").stat().st_size > 0
@@ -288,6 +360,37 @@ def test_a_worker_that_dies_in_a_measured_run_is_named_with_its_sample(
     stderr = capsys.readouterr().err
     assert "died while reading sample #3 (key" in stderr, stderr[-2000:]
     assert "HINT" in stderr
+
+
+@pytest.mark.parametrize(
+    "framework",
+    [
+        pytest.param("torch", marks=pytest.mark.torch),
+        pytest.param("paddle", marks=pytest.mark.paddle),
+    ],
+)
+def test_a_budget_too_small_to_search_is_a_config_error_with_the_budget_that_fits(
+    framework, tmp_path, ocr_lmdb, image_h5
+):
+    """The stage and step measurements take their share whatever the budget; a budget that
+    then cannot measure even the model's pick and the scenario's setting once is refused, with
+    a budget that would, instead of a report of a search that did not happen."""
+    sets = [f"framework={framework}", *data_overrides("ocr", ocr_lmdb, image_h5)]
+    out = tmp_path / "tune"
+    result = subprocess.run(
+        [sys.executable, "-m", "train.tune", "--config", "configs/ocr/smoke.yaml"]
+        + set_args(sets)
+        + ["--budget-s", "1", "--output-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("config error")]
+    assert "--budget-s: 1 s leaves" in line and "Give --budget-s " in line
+    suggested = int(line.split("Give --budget-s ")[1].split()[0])
+    assert suggested > 1 and not (out / "tuned.yaml").exists()
 
 
 @pytest.mark.parametrize(

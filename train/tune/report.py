@@ -74,11 +74,13 @@ def as_json(tuning: Tuning, command: str, train_command: str) -> dict:
     rows = []
     for candidate, runs in tuning.rates().items():
         predicted = model.predict(tuning.costs, tuning.host, tuning.target, candidate)
+        interval = tuning.interval(candidate)
         rows.append(
             {
                 "setting": candidate.label(),
                 "samples_per_s": rate(tuning.measured_rate(candidate)),
                 "runs": [rate(r) for r in runs],
+                "interval_95": [rate(v) for v in interval] if interval else None,
                 "predicted_samples_per_s": rate(predicted.samples_per_s),
                 "model_bottleneck": predicted.bottleneck,
                 "shm_mb": round(predicted.shm_bytes / MB, 1),
@@ -105,6 +107,7 @@ def as_json(tuning: Tuning, command: str, train_command: str) -> dict:
         "model_best": tuning.plan.best.candidate.label(),
         "candidates_modelled": len(tuning.plan.predictions),
         "measured": rows,
+        "unexplored": tuning.unexplored,
         "elapsed_s": round(tuning.elapsed_s, 1),
     }
 
@@ -169,15 +172,23 @@ def markdown(report: dict, tuning: Tuning) -> str:
         f"## Settings measured ({len(report['measured'])} of {report['candidates_modelled']} "
         "modelled)",
         "",
-        "| setting | predicted samples/s | measured samples/s (median) | runs | the model's "
-        "bottleneck | /dev/shm need |",
-        "|---|---:|---:|---:|---|---:|",
+        "| setting | predicted samples/s | measured samples/s (median) | runs | 95% interval "
+        "of the mean | the model's bottleneck | /dev/shm need |",
+        "|---|---:|---:|---:|---:|---|---:|",
     ]
     for row in report["measured"]:
+        interval = row["interval_95"]
+        shown = f"{interval[0]}-{interval[1]}" if interval else "one run"
         lines.append(
             f"| {row['setting']} | {row['predicted_samples_per_s']} | {row['samples_per_s']} | "
-            f"{len(row['runs'])} | {row['model_bottleneck']} | {row['shm_mb']} MiB |"
+            f"{len(row['runs'])} | {shown} | {row['model_bottleneck']} | {row['shm_mb']} MiB |"
         )
+    if report["unexplored"]:
+        lines += [
+            "",
+            f"The budget ended the search before it tried other {', '.join(report['unexplored'])}"
+            " settings; a larger --budget-s measures them.",
+        ]
     lines += [
         "",
         "![predicted and measured throughput](throughput.png)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,11 @@ log = logging.getLogger("train.tune")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 WITHIN = 0.03  # a setting within 3% of the fastest is as good: take the cheapest such
+# Runs of the pick and of each setting it is compared with, interleaved: their spread gives each
+# a confidence interval, and no setting is picked on one run.
+MIN_RUNS = 3
+# Student's t at 95% (two-sided) by degrees of freedom; 1.96 past the table.
+T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
 # Shares of the budget: the stage costs, the step, and the measured runs (the rest; the
 # hand-over's three short loader runs come out of it).
 STAGES_SHARE, STEP_SHARE = 0.1, 0.1
@@ -36,6 +42,7 @@ class Tuning:
     pick: model.Candidate | None = None
     bottleneck: str = ""
     elapsed_s: float = 0.0
+    unexplored: list[str] = field(default_factory=list)  # dimensions the budget left unsearched
 
     def rates(self) -> dict[model.Candidate, list[float]]:
         """Samples/s of each measured setting's runs, in the order first measured."""
@@ -49,8 +56,41 @@ class Tuning:
         rates = self.rates().get(candidate)
         return statistics.median(rates) if rates else None
 
+    def interval(self, candidate: model.Candidate) -> tuple[float, float] | None:
+        """The 95% confidence interval of the setting's mean rate over its runs (Student's t);
+        None below two runs, whose spread is unknown."""
+        return confidence_interval(self.rates().get(candidate, []))
+
     def predicted_rate(self, candidate: model.Candidate) -> float:
         return model.predict(self.costs, self.host, self.target, candidate).samples_per_s
+
+
+def confidence_interval(runs: list[float]) -> tuple[float, float] | None:
+    if len(runs) < 2:
+        return None
+    half = T_95.get(len(runs) - 1, 1.96) * statistics.stdev(runs) / len(runs) ** 0.5
+    mean = statistics.fmean(runs)
+    return mean - half, mean + half
+
+
+def as_good(tuning: Tuning, candidate: model.Candidate, fastest: model.Candidate) -> bool:
+    """Whether ``candidate`` is as good as ``fastest``: within WITHIN of its median, or not
+    measurably slower (their intervals overlap). A costlier setting is then worth its cost only
+    when its gain beats both the margin and the noise of the runs."""
+    if tuning.measured_rate(candidate) >= (1 - WITHIN) * tuning.measured_rate(fastest):
+        return True
+    mine, best = tuning.interval(candidate), tuning.interval(fastest)
+    return mine is not None and best is not None and best[0] <= mine[1]
+
+
+def current_pick(tuning: Tuning) -> tuple[model.Candidate, model.Candidate]:
+    """(the cheapest setting as good as the fastest, the fastest), among the settings measured
+    more than once when there are such: a single run's rate has no known spread."""
+    rates = tuning.rates()
+    repeated = [c for c, runs in rates.items() if len(runs) >= 2] or list(rates)
+    fastest = max(repeated, key=tuning.measured_rate)
+    good = [c for c in repeated if as_good(tuning, c, fastest)]
+    return min(good, key=lambda c: c.cost()), fastest
 
 
 def configured(config) -> model.Candidate:
@@ -140,10 +180,38 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
     device = verify.RealStep(backend) if step_ms is None else verify.DeviceStandIn(target.step_s)
     deadline = started + budget_s
     window_s = min(5.0, max(1.0, (deadline - time.perf_counter()) / 16))
+    check_budget(tuning, window_s, deadline - time.perf_counter(), budget_s)
     search(tuning, config, backend, device, window_s, deadline, on_device=step_ms is None)
     choose(tuning)
     tuning.elapsed_s = time.perf_counter() - started
     return tuning
+
+
+def check_budget(tuning: Tuning, window_s: float, left_s: float, budget_s: float) -> None:
+    """A ConfigError (exit 2) when what the measurements of stages and step left of the budget
+    cannot measure even the model's pick and the scenario's own setting once each (at their
+    predicted rates: a lower bound), rather than a search of nothing that reads as a result."""
+    from train.config.errors import ConfigError
+
+    batch = tuning.target.batch_size
+
+    def run_s(candidate: model.Candidate) -> float:
+        rate = max(tuning.predicted_rate(candidate), 1e-9)
+        windows = verify.window_batches(candidate.workers, window_s, rate, batch)
+        return (candidate.workers + 1 + windows) * batch / rate
+
+    need = sum(run_s(c) for c in dict.fromkeys([tuning.plan.pick.candidate, tuning.configured]))
+    if left_s >= need:
+        return
+    used = budget_s - left_s
+    enough = 10 * math.ceil((used + 2 * MIN_RUNS * need) / 10)
+    raise ConfigError(
+        "--budget-s",
+        f"{budget_s:g} s leaves {max(left_s, 0):.1f} s for measured runs after {used:.1f} s of "
+        f"stage and step measurements; measuring the model's pick and the scenario's setting "
+        f"once each takes at least {need:.1f} s",
+        f"give --budget-s {enough} or more (the default, 300, also searches the neighbours)",
+    )
 
 
 def search(tuning: Tuning, config, backend, device, window_s: float, deadline: float, on_device):
@@ -152,8 +220,9 @@ def search(tuning: Tuning, config, backend, device, window_s: float, deadline: f
     count first, then ring, prefetch, cache: model.DIMENSIONS): the untried steps from the
     fastest measured setting along the dimension, moving on while one is faster, for two thirds
     of the budget left; the model ranks the settings, the runs correct it where it misses a
-    cost. Last, the settings within 10% of the fastest measured again in interleaved rounds, so
-    that a slow spell of a shared host does not choose."""
+    cost. Last, the settings within 10% of the fastest measured again in interleaved rounds
+    until each has MIN_RUNS runs, so that a slow spell of a shared host does not choose, and the
+    pick confirmed (:func:`confirm_pick`)."""
 
     def run(candidate: model.Candidate) -> None:
         expected = tuning.predicted_rate(candidate)
@@ -186,8 +255,11 @@ def search(tuning: Tuning, config, backend, device, window_s: float, deadline: f
             if tuning.measured_rate(fewer) < (1 - WITHIN) * device_rate:
                 break
             current = fewer
+        confirm_pick(tuning, run)
         return
     for dimension in model.DIMENSIONS:
+        if not time_left(climb_until):
+            tuning.unexplored.append(dimension)  # the report says the budget ended the search
         while time_left(climb_until):
             untried = [
                 c for c in model.steps(current, dimension, feasible) if c not in tuning.rates()
@@ -206,18 +278,38 @@ def search(tuning: Tuning, config, backend, device, window_s: float, deadline: f
         key=tuning.measured_rate,
         reverse=True,
     )[:3]
-    for round_number in range(4):
-        if len(contenders) < 2:
+    # Interleaved rounds (A B C, C B A, ...) until each contender has MIN_RUNS runs: a slow
+    # spell of a shared host then lands on all of them, and each gets an interval.
+    round_number = 0
+    while len(contenders) >= 2 and time_left():
+        short = [c for c in contenders if len(tuning.rates()[c]) < MIN_RUNS]
+        if not short:
             break
-        for candidate in contenders if round_number % 2 else contenders[::-1]:
+        for candidate in short if round_number % 2 else short[::-1]:
             if time_left():
                 run(candidate)
+        round_number += 1
+    confirm_pick(tuning, run)
+
+
+def confirm_pick(tuning: Tuning, run) -> None:
+    """Never a pick on fewer than MIN_RUNS runs, nor against a fastest measured fewer times: the
+    two are measured again, interleaved, past the deadline if need be (each run is a window of
+    seconds; a pick on one run is a guess). A new run can change which is which: re-read."""
+    for _ in range(2 * MIN_RUNS):
+        pick, fastest = current_pick(tuning)
+        short = [c for c in dict.fromkeys((pick, fastest)) if len(tuning.rates()[c]) < MIN_RUNS]
+        if not short:
+            return
+        for candidate in short:
+            run(candidate)
 
 
 def choose(tuning: Tuning) -> None:
-    """The cheapest measured setting within WITHIN of the fastest measured, and its bottleneck:
-    the device when it ran at the device's rate, otherwise what the model says holds it."""
-    pick = model.cheapest_within(list(tuning.rates()), tuning.measured_rate, WITHIN)
+    """The cheapest measured setting as good as the fastest (:func:`as_good`: within WITHIN, or
+    not measurably slower), and its bottleneck: the device when it ran at the device's rate,
+    otherwise what the model says holds it."""
+    pick, _ = current_pick(tuning)
     tuning.pick = pick
     device_rate = tuning.target.batch_size / tuning.target.step_s
     predicted = model.predict(tuning.costs, tuning.host, tuning.target, pick)

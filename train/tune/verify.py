@@ -11,7 +11,10 @@ GPU) are not measured.
 
 A run measures the steady state from epoch 2 on: with a record cache the records of the measured
 window are read into it first (untimed), and the window starts after the workers' first round of
-batches, so neither worker start-up nor an empty cache is counted.
+batches, so neither worker start-up nor an empty cache is counted. The window is counted in
+batches (:func:`window_batches`), enough for several full rounds of every worker: a window of a
+few batches catches the workers' batches arriving together and reads several workers faster
+than they are.
 """
 
 from __future__ import annotations
@@ -143,6 +146,20 @@ def batches_of(backend, loader, on_device: bool):
     return iter(backend.batches.device_batches(loader) if on_device else loader)
 
 
+# A measured window covers this many full rounds of every worker (each worker makes one batch per
+# round), and never fewer than MIN_WINDOW_BATCHES batches: the rate of a shorter window depends on
+# where in a round it starts and ends.
+ROUNDS_PER_WINDOW = 3
+MIN_WINDOW_BATCHES = 8
+
+
+def window_batches(workers: int, window_s: float, expected: float, batch_size: int) -> int:
+    """The batches of a measured window: ``window_s`` at the ``expected`` samples/s, and at least
+    ROUNDS_PER_WINDOW rounds of ``workers`` workers and MIN_WINDOW_BATCHES."""
+    by_time = math.ceil(window_s * expected / batch_size) if expected > 0 else 0
+    return max(MIN_WINDOW_BATCHES, ROUNDS_PER_WINDOW * workers, by_time)
+
+
 def measure(
     config,
     backend,
@@ -152,11 +169,12 @@ def measure(
     expected: float,
     on_device: bool = True,
 ):
-    """Samples per second of the real loader at ``candidate``, over a window of about
-    ``window_s`` seconds (at least 3 batches and two per worker) after the workers' first round
-    of batches. ``expected``, the predicted samples/s, sizes the window in batches: the loader
-    then ends its epoch as in training (one left mid-epoch is stopped the way a stop request
-    stops it, with the framework's warnings), unless the window runs past 4 x window_s."""
+    """Samples per second of the real loader at ``candidate``, over a window of
+    :func:`window_batches` batches (about ``window_s`` seconds at ``expected``, the predicted
+    samples/s, and at least three rounds of every worker) after the workers' first round of
+    batches. The loader then ends its epoch as in training (one left mid-epoch is stopped the
+    way a stop request stops it, with the framework's warnings). A setting far slower than
+    predicted ends its window after 4 x window_s, once its rounds are covered."""
     started = time.perf_counter()
     config = with_candidate(config, candidate)
     # One epoch per run: workers that stop with it. Persistent ones would outlive the run
@@ -166,7 +184,8 @@ def measure(
     )
     batch = config.loader.batch_size
     warm = candidate.workers + 1  # the workers' first round arrives together
-    window = max(3, 2 * candidate.workers, math.ceil(window_s * expected / batch))
+    window = window_batches(candidate.workers, window_s, expected, batch)
+    rounds = window_batches(candidate.workers, 0.0, 0.0, batch)  # the window's least
     dataset = open_train_dataset(config, candidate.cache)
     try:
         if candidate.cache != "none":  # epoch 1 filled the cache: read the window's records
@@ -189,7 +208,7 @@ def measure(
                 for item in batches:
                     device.step(item)
                     done += 1
-                    if done >= 3 and time.perf_counter() - start >= 4 * window_s:
+                    if done >= rounds and time.perf_counter() - start >= 4 * window_s:
                         break
                 device.synchronize()
                 took = time.perf_counter() - start
