@@ -268,6 +268,10 @@ FRAMEWORKS = [
     pytest.param("ocr", "paddle", marks=pytest.mark.paddle),
     pytest.param("resnet50", "torch", marks=pytest.mark.torch),
 ]
+EACH_FRAMEWORK = [
+    pytest.param("paddle", marks=pytest.mark.paddle),
+    pytest.param("torch", marks=pytest.mark.torch),
+]
 
 
 @pytest.mark.parametrize(("task", "framework"), FRAMEWORKS)
@@ -332,13 +336,7 @@ def test_tune_writes_a_tuned_config_that_validates_and_trains(
     assert (run_dir / "checkpoints" / "step-00000002").is_dir()
 
 
-@pytest.mark.parametrize(
-    "framework",
-    [
-        pytest.param("paddle", marks=pytest.mark.paddle),
-        pytest.param("torch", marks=pytest.mark.torch),
-    ],
-)
+@pytest.mark.parametrize("framework", EACH_FRAMEWORK)
 def test_a_worker_that_dies_in_a_measured_run_is_named_with_its_sample(
     framework, ocr_lmdb, monkeypatch, capsys
 ):
@@ -362,13 +360,7 @@ def test_a_worker_that_dies_in_a_measured_run_is_named_with_its_sample(
     assert "HINT" in stderr
 
 
-@pytest.mark.parametrize(
-    "framework",
-    [
-        pytest.param("torch", marks=pytest.mark.torch),
-        pytest.param("paddle", marks=pytest.mark.paddle),
-    ],
-)
+@pytest.mark.parametrize("framework", EACH_FRAMEWORK)
 def test_a_budget_too_small_to_search_is_a_config_error_with_the_budget_that_fits(
     framework, tmp_path, ocr_lmdb, image_h5
 ):

@@ -25,6 +25,7 @@ from datasets.dataset import RecordDataset
 from datasets.errors import DatasetError
 from datasets.sampler import EpochSampler
 from train import tasks
+from train.config.schema import Config
 from train.cpus import resolve_num_workers
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ SPLITS = ("train", "val")
 class Resolved:
     """A config as it runs here, and what resolving it decided."""
 
-    config: object  # train.config.schema.Config: loader counts, local data paths
+    config: Config  # loader counts, local data paths
     workers_reason: str  # why loader.num_workers is what it is (logged by each entry point)
     staged: dict[str, str] = field(default_factory=dict)  # data key -> the s3:// URL it came from
 
