@@ -3,13 +3,14 @@
     python -m bench.tune_sweep --config configs/ocr/single_gpu.yaml --step-ms 1
     python -m bench.tune_sweep --config configs/resnet50/single_gpu.yaml --step-ms 1
 
-1. The tuner (train.tune's ``tune``), timed.
+1. The tuner (train.tune's ``tune``) at the command's default budget (--budget-s), timed.
 2. The sweep: every setting of the tuner's grid (workers 0 to 2 x cores, prefetch 1/2/4, cache
    none/memory/disk, ring on/off; those that fit /dev/shm) measured once with the tuner's own
    measured run (train/tune/verify.py), timed.
-3. The comparison: the tuner's pick, the sweep's fastest three and the bad start (0 workers, no
-   cache, prefetch 1) measured again in interleaved rounds (A B C, C B A, ...), so a slow spell
-   of the shared host hits each alike; medians. A sweep's single fastest figure is the maximum
+3. The comparison: the tuner's pick, the sweep's fastest three, the rule of thumb (a worker per
+   core, prefetch 2), the scenario's own setting and the bad start (0 workers, no cache,
+   prefetch 1) measured again in interleaved rounds (A B C, C B A, ...), so a slow spell of the
+   shared host hits each alike; medians. A sweep's single fastest figure is the maximum
    of many noisy measurements, so the pick is compared with the re-measured medians.
 
 Writes a JSON and a Markdown file into bench/results/ (or --out), named by the config's folder
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--step-ms", type=float, default=1.0)
     parser.add_argument(
-        "--budget-s", type=float, default=30.0, help="the tuner's --budget-s (default 30)"
+        "--budget-s", type=float, help="the tuner's --budget-s (default: the command's own)"
     )
     parser.add_argument("--window-s", type=float, default=2.0, help="each sweep run's window")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds at the end")
@@ -47,14 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     from train.config.load import load_config
+    from train.config.schema import DEFAULT_PREFETCH_FACTOR
     from train.tune import model, verify
-    from train.tune.run import prepare, tune
+    from train.tune.run import DEFAULT_BUDGET_S, prepare, tune
+
+    budget_s = DEFAULT_BUDGET_S if args.budget_s is None else args.budget_s
 
     held: list = []
     config, backend = prepare(load_config(args.config, args.overrides), args.step_ms, 1, held)
     try:
         started = time.perf_counter()
-        tuning = tune(config, backend, args.step_ms, args.budget_s)
+        tuning = tune(config, backend, args.step_ms, budget_s)
         tune_s = time.perf_counter() - started
         device = verify.DeviceStandIn(tuning.target.step_s)
 
@@ -78,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
 
         ranked = sorted(sweep, key=lambda m: m.samples_per_s, reverse=True)
         bad = model.Candidate(0, 1, "none", False)
-        arms = list(dict.fromkeys([tuning.pick, *(m.candidate for m in ranked[:3]), bad]))
+        # The rule of thumb the tuner must beat: a worker per core, the frameworks' prefetch.
+        thumb = model.Candidate(tuning.host.cores, DEFAULT_PREFETCH_FACTOR, "none", True)
+        baselines = [thumb, tuning.configured]
+        arms = list(
+            dict.fromkeys([tuning.pick, *(m.candidate for m in ranked[:3]), *baselines, bad])
+        )
         rounds: dict[model.Candidate, list[float]] = {arm: [] for arm in arms}
         for number in range(args.rounds):
             for arm in arms if number % 2 == 0 else arms[::-1]:
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         for release in reversed(held):
             release()
 
-    best = max((arm for arm in arms if arm != tuning.pick), key=medians.get)
+    best = max((arm for arm in arms if arm not in (tuning.pick, bad)), key=medians.get)
     best = best if medians[best] > medians[tuning.pick] else tuning.pick
     results = {
         "command": " ".join(["python -m bench.tune_sweep", *(argv or sys.argv[1:])]),
@@ -121,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         "best_remeasured": best.label(),
         "pick_vs_best": round(medians[tuning.pick] / medians[best], 3),
         "pick_vs_bad_start": round(medians[tuning.pick] / medians[bad], 2),
+        "workers_equal_cores": thumb.label(),
+        "pick_vs_workers_equal_cores": round(medians[tuning.pick] / medians[thumb], 3),
+        "configured": tuning.configured.label(),
+        "pick_vs_configured": round(medians[tuning.pick] / medians[tuning.configured], 3),
+        "budget_s": budget_s,
         "sweep": [m.as_dict() for m in sweep],
     }
     scenarios = Path(args.config).parent.name  # configs/ocr, configs/resnet50
@@ -143,6 +157,11 @@ def markdown(results: dict) -> str:
         f"- pick: {results['pick']} (bottleneck: {results['bottleneck']})",
         f"- pick / best re-measured ({results['best_remeasured']}): {results['pick_vs_best']}",
         f"- pick / bad start (workers=0, no cache, prefetch 1): {results['pick_vs_bad_start']}",
+        f"- pick / a worker per core ({results['workers_equal_cores']}): "
+        f"{results['pick_vs_workers_equal_cores']}",
+        f"- pick / the scenario's own setting ({results['configured']}): "
+        f"{results['pick_vs_configured']}",
+        f"- the tuner's budget: {results['budget_s']:g} s",
         "",
         "| setting | median samples/s | rounds |",
         "|---|---:|---|",

@@ -112,9 +112,11 @@ class RecordDataset:
 
     def _read(self, index: int) -> tuple[bytes, str | int]:
         if self.cache is None:
+            faults.storage_latency()
             return self.source.read(index)
         record = self.cache.get(index)
         if record is None:
+            faults.storage_latency()
             record = self.source.read(index)
             self.cache.put(index, record)
         return record

@@ -11,6 +11,12 @@ a transform would (the worker stays alive). Unset, it costs one dictionary looku
 
 makes every sample take 200 ms more to read, as slow storage would (a long evaluation pass).
 
+    DATA_INJECT_FAULT=latency@0.3
+
+makes every read from the storage take 0.3 ms more, below the record cache: a cached record skips
+it, as it skips a network volume's round trip. So a cache can pay where it would on such a
+volume (the tuner's tests and benchmarks); ``slow`` delays every sample, cached or not.
+
     DATA_INJECT_FAULT=startdelay@3
 
 makes every loader worker sleep 3 s as it starts, before it binds itself to the trainer's
@@ -20,21 +26,23 @@ lifetime: the window in which a trainer killed with -9 would otherwise leave wor
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
 from datasets.process_id import current_pid
 
 ENV = "DATA_INJECT_FAULT"
-_parsed: dict[int, tuple[str, int] | None] = {}
+_parsed: dict[int, tuple[str, float] | None] = {}
+_NUMBER = re.compile(r"\d+(\.\d+)?")  # a sample index, or milliseconds (latency@0.3)
 
 
-def _fault() -> tuple[str, int] | None:
+def _fault() -> tuple[str, float] | None:
     pid = current_pid()
     if pid not in _parsed:
         spec = os.environ.get(ENV, "")
-        kind, _, index = spec.partition("@")
-        _parsed[pid] = (kind, int(index)) if spec and index.isdigit() else None
+        kind, _, number = spec.partition("@")
+        _parsed[pid] = (kind, float(number)) if spec and _NUMBER.fullmatch(number) else None
     return _parsed[pid]
 
 
@@ -45,12 +53,19 @@ def delay_start() -> None:
         time.sleep(fault[1])
 
 
+def storage_latency() -> None:
+    """Sleep before a read from the storage if DATA_INJECT_FAULT=latency@MILLISECONDS."""
+    fault = _fault()
+    if fault is not None and fault[0] == "latency":
+        time.sleep(fault[1] / 1000)
+
+
 def maybe_inject(index: int) -> None:
     fault = _fault()
     if fault is not None and fault[0] == "slow":
         time.sleep(fault[1] / 1000)
         return
-    if fault is None or fault[0] == "startdelay" or fault[1] != index:
+    if fault is None or fault[0] in ("startdelay", "latency") or fault[1] != index:
         return
     kind = fault[0]
     if kind == "segv":
@@ -66,5 +81,6 @@ def maybe_inject(index: int) -> None:
             time.sleep(60)
     else:
         raise ValueError(
-            f"{ENV}={kind}@{index}: kind must be segv, kill, exit, hang, raise, slow or startdelay"
+            f"{ENV}={kind}@{index}: kind must be segv, kill, exit, hang, raise, slow, latency "
+            "or startdelay"
         )

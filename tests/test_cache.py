@@ -159,3 +159,29 @@ def test_shared_files_are_created_exclusively_never_through_a_symlink(tmp_path):
     block = SharedBlock(leftover, 64)
     assert leftover.stat().st_size == 64
     assert not block.array(np.uint8, 0, 64).any()
+
+
+@pytest.mark.parametrize("mode", ["none", "memory"])
+def test_injected_storage_latency_is_paid_on_reads_from_the_storage_only(
+    image_h5, tmp_path, monkeypatch, mode
+):
+    """DATA_INJECT_FAULT=latency@MS delays each read that reaches the storage, below the record
+    cache: two passes without a cache pay it every time, with one only on the first pass's
+    misses, as a cache spares a network volume's round trips."""
+    from datasets import faults
+
+    slept = []
+    monkeypatch.setenv(faults.ENV, "latency@0.5")  # fractions of a millisecond too
+    monkeypatch.setattr(faults, "_parsed", {})
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    dataset = build_image_dataset(
+        image_h5, train=False, cache=mode, cache_dir=tmp_path / "c", state_dir=tmp_path
+    )
+    try:
+        for _ in range(2):
+            for i in range(len(dataset)):
+                dataset[i]
+    finally:
+        dataset.close()
+    reads = 2 * len(dataset) if mode == "none" else len(dataset)
+    assert slept == [0.0005] * reads

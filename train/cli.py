@@ -1,6 +1,7 @@
 """What the commands share: logging, the report of a native crash, and the one table from a
-failure to its message and exit code (train/errors.py), for python -m train and the commands
-after training (train.evaluate, train.export, train.predict)."""
+failure to its message and exit code (train/errors.py), for python -m train, the commands after
+training (train.evaluate, train.export, train.predict), train.tune, the doctor and
+python -m train.config."""
 
 from __future__ import annotations
 

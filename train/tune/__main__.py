@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from train import cli, errors
+from train.tune.run import DEFAULT_BUDGET_S
 
 log = logging.getLogger("train.tune")
 
@@ -43,8 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--budget-s",
         type=float,
-        default=300.0,
-        help="seconds the tuning may take, measured runs included (default 300)",
+        default=DEFAULT_BUDGET_S,
+        help=f"seconds the tuning may take, measured runs included (default {DEFAULT_BUDGET_S:g})",
     )
     parser.add_argument(
         "--step-ms",

@@ -25,6 +25,7 @@ T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31,
 # Shares of the budget: the stage costs, the step, and the measured runs (the rest; the
 # hand-over's three short loader runs come out of it).
 STAGES_SHARE, STEP_SHARE = 0.1, 0.1
+DEFAULT_BUDGET_S = 300.0  # python -m train.tune's --budget-s, and the benchmark's
 
 
 @dataclass
@@ -210,7 +211,8 @@ def check_budget(tuning: Tuning, window_s: float, left_s: float, budget_s: float
         f"{budget_s:g} s leaves {max(left_s, 0):.1f} s for measured runs after {used:.1f} s of "
         f"stage and step measurements; measuring the model's pick and the scenario's setting "
         f"once each takes at least {need:.1f} s",
-        f"give --budget-s {enough} or more (the default, 300, also searches the neighbours)",
+        f"give --budget-s {enough} or more (the default, {DEFAULT_BUDGET_S:g}, also searches "
+        "the neighbours)",
     )
 
 
