@@ -274,6 +274,19 @@ EACH_FRAMEWORK = [
 ]
 
 
+def run_tune(task: str, sets: list[str], budget_s: float, out) -> subprocess.CompletedProcess:
+    """python -m train.tune on the task's smoke scenario with ``sets``, writing into ``out``."""
+    return subprocess.run(
+        [sys.executable, "-m", "train.tune", "--config", f"configs/{task}/smoke.yaml"]
+        + set_args(sets)
+        + ["--budget-s", f"{budget_s:g}", "--output-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.mark.parametrize(("task", "framework"), FRAMEWORKS)
 def test_tune_writes_a_tuned_config_that_validates_and_trains(
     task, framework, tmp_path, ocr_lmdb, image_h5
@@ -286,15 +299,7 @@ def test_tune_writes_a_tuned_config_that_validates_and_trains(
         *data_overrides(task, ocr_lmdb, image_h5),
     ]
     out = tmp_path / "tune"
-    tuned = subprocess.run(
-        [sys.executable, "-m", "train.tune", "--config", f"configs/{task}/smoke.yaml"]
-        + set_args(sets)
-        + ["--budget-s", "20", "--output-dir", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    tuned = run_tune(task, sets, 20, out)
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["step"]["source"] == "measured"  # the smoke configs train on the CPU
@@ -369,15 +374,7 @@ def test_a_budget_too_small_to_search_is_a_config_error_with_the_budget_that_fit
     a budget that would, instead of a report of a search that did not happen."""
     sets = [f"framework={framework}", *data_overrides("ocr", ocr_lmdb, image_h5)]
     out = tmp_path / "tune"
-    result = subprocess.run(
-        [sys.executable, "-m", "train.tune", "--config", "configs/ocr/smoke.yaml"]
-        + set_args(sets)
-        + ["--budget-s", "1", "--output-dir", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_tune("ocr", sets, 1, out)
     assert result.returncode == 2, result.stderr[-3000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("config error")]
     assert "--budget-s: 1 s leaves" in line and "Give --budget-s " in line
