@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ from train.tune.measure import LoaderCpu, StageSample, summarize
 MS = 1e-3
 COSTS = model.StageCosts(
     read_s=0.0,
+    read_cpu_s=0.0,
     reread_s=0.0,
+    reread_cpu_s=0.0,
     decode_s=1 * MS,
     augment_s=1 * MS,
     collate_s=0.0,
@@ -30,6 +33,7 @@ COSTS = model.StageCosts(
     sample_bytes=1,
     record_bytes=1.0,
     batch_cv=0.0,
+    storage_bytes_per_s=math.inf,
 )
 HOST = model.Host(
     cores=4,
@@ -112,7 +116,10 @@ def test_slow_storage_is_named_and_a_memory_cache_that_fits_is_picked():
 
 
 def test_a_faster_setting_that_does_not_fit_dev_shm_is_named():
-    costs = dataclasses.replace(COSTS, read_s=5 * MS, reread_s=5 * MS)
+    # Reads that cost 5 ms of CPU (a wait would be overlapped by more workers instead).
+    costs = dataclasses.replace(
+        COSTS, read_s=5 * MS, read_cpu_s=5 * MS, reread_s=5 * MS, reread_cpu_s=5 * MS
+    )
     host = dataclasses.replace(
         HOST, dataset_bytes=1 << 30, memory_available_bytes=1 << 30, shm_free_bytes=1 << 29
     )
@@ -239,13 +246,16 @@ def test_a_measured_window_covers_rounds_of_every_worker():
 def test_summarize_takes_medians_and_the_handover_beyond_making_the_batch():
     sample = StageSample(
         read_s=[0.004, 0.002, 0.003],
+        read_cpu_s=[0.001, 0.001, 0.001],
         reread_s=[0.001, 0.001, 0.001],
+        reread_cpu_s=[0.001, 0.001, 0.001],
         decode_s=[0.002, 0.002, 0.050],  # one slow outlier does not move the median
         transform_s=[0.005, 0.005, 0.005],
         batch_s=[0.5, 0.5, 0.5],
         batch_size=100,
         sample_bytes=30,
         record_bytes=1000.0,
+        storage_bytes_per_s=math.inf,
     )
     runs = {
         "alone": LoaderCpu(trainer_s=0.6, workers_s=0.0, batches=4),
@@ -256,8 +266,8 @@ def test_summarize_takes_medians_and_the_handover_beyond_making_the_batch():
     assert costs.read_s == pytest.approx(0.003)
     assert costs.decode_s == pytest.approx(0.002)
     assert costs.augment_s == pytest.approx(0.003)
-    # 5 ms a sample in a batch, less the 1 ms read: the transform's 5 ms minus 1 ms
-    assert costs.collate_s == pytest.approx(-0.001)
+    # 5 ms a sample in a batch, less the 1 ms read's CPU: 4 ms, under the transform's 5 ms
+    assert costs.collate_s == 0.0
     assert costs.trainer_alone_s == pytest.approx(0.1)
     assert costs.worker_handover_s == {True: pytest.approx(0.01), False: pytest.approx(0.05)}
     assert costs.trainer_handover_s == {True: 0.02, False: 0.01}

@@ -7,6 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Past 8 loader workers per rank, workers rarely help one device: the rule of thumb's cap, and
+# the most that the tuners (train.tune, loader.autotune) try on a host without slow storage.
+MAX_USEFUL_WORKERS = 8
+
 
 def resolve_num_workers(
     value: int | str, cpu_count: int | None = None, local_world_size: int = 1
@@ -21,9 +25,9 @@ def resolve_num_workers(
         return int(value), f"set in config: {value}"
     cores = cpu_count if cpu_count is not None else usable_cores()
     ranks = max(1, local_world_size)
-    workers = min(8, max(1, int(0.75 * cores / ranks)))
+    workers = min(MAX_USEFUL_WORKERS, max(1, int(0.75 * cores / ranks)))
     share = f"{cores} cores" if ranks == 1 else f"{cores} cores / {ranks} ranks"
-    return workers, f"auto: min(8, 0.75 x {share}) = {workers}"
+    return workers, f"auto: min({MAX_USEFUL_WORKERS}, 0.75 x {share}) = {workers}"
 
 
 def usable_cores() -> int:

@@ -56,7 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--local-ranks",
         type=int,
         default=1,
-        help="training processes on this node, each with its own loader (default 1)",
+        help="training processes on this node, each with its own loader: each measured run "
+        "runs that many loaders at once and its rate is one rank's (default 1)",
     )
     parser.add_argument("--output-dir", help="where to write (default: runs/tune-<run name>)")
     args = parser.parse_args(argv)

@@ -3,14 +3,18 @@ data, what this host (this container) gives the loader, and the step the loader 
 with. Framework-free except :func:`step_seconds`, which builds the model with the backend.
 
 Each stage is timed where a worker runs it, with the dataset's own calls:
-- read: ``source.read`` of a record, the first time (storage) and again (the page cache), in
-  wall time (a read may wait on storage);
+- read: the dataset's read of a record (``RecordDataset._read``, below where a record cache
+  would sit), the first time (storage) and again (the page cache), in wall time and in the
+  thread's CPU time: the CPU time is what the read demands of a core, the rest of its wall time
+  is what it waits on storage (its latency), which holds a worker but no core;
+- storage: the read rate of the data's storage for reads the page cache does not serve
+  (:func:`storage_read_rate`), which bounds a dataset read from storage every epoch;
 - decode: the image decode alone (``datasets.decode.decode_bgr``, the full image, under the
   transform's pixel budget, checked from the header as training does), CPU time;
 - augment: the rest of the transform (augmentation, crop and resize, label encoding), CPU time;
-- batched: what a sample costs inside ``get_batch``, the call a worker makes per batch (the
-  transform writes into the batch's rows, so it may cost less than the transform alone), CPU
-  time; the model uses this figure, read excluded;
+- batched: what a sample costs inside ``get_batch``, the call a worker makes per batch, CPU
+  time; less the re-read's and the transform's CPU, the collate's cost (never below 0: a batch
+  whose samples cost less than the transform alone is charged the transform);
 - hand-over: the CPU seconds per batch of the backend's real loader, in the trainer process and
   in the workers, without workers and with one (ring on and off): what a batch costs beyond
   making it, on each side.
@@ -22,16 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import mmap
 import os
 import shutil
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from datasets import decode
+from datasets import cache, decode
 from datasets.dataset import SampleRng
 from datasets.errors import BadSampleError, DatasetError
 from train.cpus import usable_cores
@@ -40,6 +46,13 @@ from train.tune.model import Host, StageCosts
 from train.tune.verify import batches_of, failures_named, more_workers_than_cores
 
 SHM_PATH = "/dev/shm"
+# The storage probe (storage_read_rate): reads in flight at once, about a loader's workers, and
+# how long it reads.
+STORAGE_PROBE_THREADS = 8
+STORAGE_PROBE_S = 0.3
+# O_DIRECT wants the offset, the length and the buffer aligned to the device's logical block:
+# 4096 covers the common ones (512 and 4096).
+DIRECT_IO_ALIGN = 4096
 
 
 def path_bytes(path: str | Path) -> int:
@@ -60,13 +73,22 @@ def memory_available() -> int:
                 available = int(line.split()[1]) * 1024
     except OSError:
         available = 0
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    # cgroup v2, then v1 (whose "no limit" is a huge number, which min() leaves alone)
+    for limit_file, used_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            used = int(Path(used_file).read_text())
+        except (OSError, ValueError):
+            continue
         if limit != "max":
             available = min(available, max(0, int(limit) - used))
-    except (OSError, ValueError):
-        pass
+        break
     return available
 
 
@@ -110,6 +132,33 @@ class OtherLoad:
         return max(0.0, others / wall) if wall > 0 else 0.0
 
 
+def disk_cache_built(data) -> bool:
+    """Whether ``data.cache_dir`` holds a finished ``data.cache: disk`` file of this dataset
+    version at this cache size: its header names the dataset's fingerprint and the capacity a
+    run would give it (datasets/cache.py), so a run reuses it and reserves nothing more."""
+    source = str(data.train)
+    dataset_bytes = path_bytes(source)
+    try:
+        entries = list(os.scandir(data.cache_dir))
+    except OSError:
+        return False
+    for entry in entries:
+        if not (entry.name.startswith("records-") and entry.name.endswith(".cache")):
+            continue
+        try:
+            header = np.fromfile(entry.path, dtype=np.int64, count=cache.H_FINGERPRINT + 1)
+        except (OSError, ValueError):
+            continue
+        if len(header) <= cache.H_FINGERPRINT:
+            continue
+        items = int(header[cache.H_ITEMS])
+        capacity = min(data.cache_max_bytes, dataset_bytes + cache.RECORD_FRAMING_BYTES * items)
+        fingerprint = cache.fingerprint(source, items)
+        if (header[cache.H_CAPACITY], header[cache.H_FINGERPRINT]) == (capacity, fingerprint):
+            return True
+    return False
+
+
 def host_facts(data, copy_nbytes: int, busy_elsewhere: float = 0.0) -> Host:
     try:
         shm_free = shutil.disk_usage(SHM_PATH).free
@@ -123,28 +172,98 @@ def host_facts(data, copy_nbytes: int, busy_elsewhere: float = 0.0) -> Host:
         dataset_bytes=path_bytes(data.train),
         cache_dir_free_bytes=writable_free_bytes(data.cache_dir),
         copy_bytes_per_s=copy_rate(copy_nbytes),
+        disk_cache_built=disk_cache_built(data),
     )
+
+
+def storage_read_rate(
+    paths,
+    record_bytes: float,
+    seconds: float = STORAGE_PROBE_S,
+    threads: int = STORAGE_PROBE_THREADS,
+) -> float:
+    """Bytes of records per second that the storage under ``paths`` (files, or folders of
+    files) serves to reads the page cache does not: ``threads`` threads at once, each reading
+    blocks of a record's size (rounded up to DIRECT_IO_ALIGN) at random offsets of the files
+    (weighted by size) with O_DIRECT, which the page cache neither serves nor keeps, for
+    ``seconds``. The rate is the reads per second x ``record_bytes``: the samples/s a dataset
+    read from storage can get is this over the record's bytes.
+
+    What it cannot see: it reads the files' blocks, not records through their format (an LMDB
+    record may span two pages; a B-tree lookup may read more); at one depth of reads in flight
+    (``threads``); a drive's own cache may serve a block read twice; and the latency a network
+    volume adds per request beyond the blocks (the stage timings' read wait measures that). A
+    filesystem that cannot read around the page cache (tmpfs, whose data is memory; some
+    overlay and network filesystems refuse O_DIRECT) gives math.inf: no storage bound."""
+    if not hasattr(os, "O_DIRECT"):  # no read around the page cache on this system
+        return math.inf
+    block = max(DIRECT_IO_ALIGN, math.ceil(record_bytes / DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN)
+    files = []
+    for path in dict.fromkeys(Path(p) for p in paths):
+        found = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        for file in found:
+            size = file.stat().st_size
+            if size < block:
+                continue
+            try:
+                fd = os.open(file, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+            except OSError:
+                continue
+            files.append((fd, (size - block) // DIRECT_IO_ALIGN))
+    if not files:
+        return math.inf
+    # A file is drawn in proportion to its blocks: each block as likely as any other.
+    ends = np.cumsum([last + 1 for _, last in files])
+    reads = [0] * threads
+    failed: list[OSError] = []
+    deadline = time.perf_counter() + seconds
+
+    def read(thread: int) -> None:
+        rng = np.random.default_rng(thread)
+        buffer = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT wants
+        try:
+            while time.perf_counter() < deadline and not failed:
+                drawn = int(rng.integers(0, ends[-1]))
+                which = int(np.searchsorted(ends, drawn, side="right"))
+                first = int(ends[which - 1]) if which else 0
+                os.preadv(files[which][0], [buffer], (drawn - first) * DIRECT_IO_ALIGN)
+                reads[thread] += 1
+        except OSError as error:  # EINVAL: this filesystem takes no O_DIRECT read
+            failed.append(error)
+        finally:
+            buffer.close()
+
+    started = time.perf_counter()
+    try:
+        running = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(threads)]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join()
+    finally:
+        for fd, _ in files:
+            os.close(fd)
+    took = time.perf_counter() - started
+    if failed or sum(reads) == 0:
+        return math.inf
+    return sum(reads) * record_bytes / took
 
 
 @dataclass
 class StageSample:
     """Per-sample timings of the sampled records, for the report's spread."""
 
-    read_s: list[float]
-    reread_s: list[float]
+    read_s: list[float]  # wall time
+    read_cpu_s: list[float]  # the same reads' CPU time
+    reread_s: list[float]  # wall time
+    reread_cpu_s: list[float]
     decode_s: list[float]
     transform_s: list[float]
-    batch_s: list[float]  # whole get_batch calls
+    batch_s: list[float]  # whole get_batch calls, CPU time
     batch_size: int
     sample_bytes: int  # one collated sample
     record_bytes: float  # mean stored record
-
-
-def _timed(call, *args):
-    """(result, wall seconds)."""
-    start = time.perf_counter()
-    result = call(*args)
-    return result, time.perf_counter() - start
+    storage_bytes_per_s: float  # storage_read_rate: math.inf when not measured
 
 
 def _cpu_timed(call, *args):
@@ -154,22 +273,30 @@ def _cpu_timed(call, *args):
     return result, time.thread_time() - start
 
 
+def _wall_and_cpu_timed(call, *args):
+    """(result, wall seconds, CPU seconds of this thread)."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    result = call(*args)
+    return result, time.perf_counter() - wall, time.thread_time() - cpu
+
+
 def time_stages(dataset, batch_size: int, seed: int, seconds: float) -> StageSample:
     """Time each stage on records drawn at random from ``dataset`` (a RecordDataset with no
-    cache) for about ``seconds``: per-sample stages first (16 to 512 records), then whole
-    batches as a worker makes them (2 to 32). A bad sample (a record training would skip: an
-    image over the pixel budget is refused from its header, never decoded) is skipped here too."""
+    cache) for about ``seconds``: per-sample stages first (16 to 512 records), the storage's
+    read rate (:func:`storage_read_rate`, a fraction of a second), then whole batches as a
+    worker makes them (2 to 32). A bad sample (a record training would skip: an image over the
+    pixel budget is refused from its header, never decoded) is skipped here too."""
     order = np.random.default_rng(seed).permutation(len(dataset))
     max_pixels = getattr(dataset.transform, "max_pixels", decode.MAX_IMAGE_PIXELS)
-    sample = StageSample([], [], [], [], [], batch_size, 0, 0.0)
-    record_bytes = []
+    sample = StageSample([], [], [], [], [], [], [], batch_size, 0, 0.0, math.inf)
+    record_bytes, stored_in = [], set()
     deadline = time.perf_counter() + seconds / 2
     for count, position in enumerate(order[:512]):
         if count >= 16 and time.perf_counter() > deadline:
             break
         index = dataset._source_index(int(position))
-        (data, label), read = _timed(dataset.source.read, index)
-        _, reread = _timed(dataset.source.read, index)
+        (data, label), read, read_cpu = _wall_and_cpu_timed(dataset._read, index)
+        _, reread, reread_cpu = _wall_and_cpu_timed(dataset._read, index)
         try:
             _, decoded = _cpu_timed(decode.decode_bgr, data, max_pixels)
             rng = SampleRng((seed, 0, index))
@@ -177,10 +304,13 @@ def time_stages(dataset, batch_size: int, seed: int, seconds: float) -> StageSam
         except BadSampleError:
             continue
         sample.read_s.append(read)
+        sample.read_cpu_s.append(read_cpu)
         sample.reread_s.append(reread)
+        sample.reread_cpu_s.append(reread_cpu)
         sample.decode_s.append(decoded)
         sample.transform_s.append(transform)
         record_bytes.append(len(data))
+        stored_in.add(dataset.source.source_of(index))
     if not sample.decode_s:
         raise DatasetError(
             "every record drawn to time the input pipeline is a bad sample",
@@ -188,6 +318,7 @@ def time_stages(dataset, batch_size: int, seed: int, seconds: float) -> StageSam
         )
     sample.sample_bytes = int(sum(np.asarray(v).nbytes for v in transformed.values()))
     sample.record_bytes = statistics.fmean(record_bytes)
+    sample.storage_bytes_per_s = storage_read_rate(sorted(stored_in), sample.record_bytes)
     deadline = time.perf_counter() + seconds / 2
     start = 0
     while len(sample.batch_s) < 2 or (time.perf_counter() < deadline and len(sample.batch_s) < 32):
@@ -264,28 +395,34 @@ def _cv(values: list[float]) -> float:
 def summarize(sample: StageSample, runs: dict) -> StageCosts:
     """Medians per stage (one slow outlier must not move the mean the model sees; its spread
     is the cv). A batch's cv is the larger of the batches' measured spread and the samples'
-    spread averaged over a batch (independent samples: cv / sqrt(batch)). The hand-over's
-    costs are the loader runs' (``handover``) beyond making the batch."""
+    spread averaged over a batch (independent samples: cv / sqrt(batch)), a sample's time in a
+    worker being its re-read's wall time and its transform. The collate's cost is CPU less CPU:
+    a sample's CPU in ``get_batch`` (whose reads are re-reads of the sampled records) less the
+    re-read's and the transform's, never below 0. The hand-over's costs are the loader runs'
+    (``handover``, CPU) beyond making the batch (CPU)."""
     median = statistics.median
-    reread = median(sample.reread_s)
+    reread_cpu = median(sample.reread_cpu_s)
     decoded = median(sample.decode_s)
     transform = median(sample.transform_s)
     batch = median(sample.batch_s)
-    batched = max(0.0, batch / sample.batch_size - reread)
+    collate = max(0.0, batch / sample.batch_size - reread_cpu - transform)
     per_sample = [r + t for r, t in zip(sample.reread_s, sample.transform_s, strict=True)]
     cv = max(_cv(sample.batch_s), _cv(per_sample) / sample.batch_size**0.5)
     return StageCosts(
         read_s=median(sample.read_s),
-        reread_s=reread,
+        read_cpu_s=median(sample.read_cpu_s),
+        reread_s=median(sample.reread_s),
+        reread_cpu_s=reread_cpu,
         decode_s=min(decoded, transform),
         augment_s=max(0.0, transform - decoded),
-        collate_s=batched - transform,
+        collate_s=collate,
         trainer_alone_s=max(0.0, runs["alone"].trainer_s - batch),
         worker_handover_s={ring: max(0.0, runs[ring].workers_s - batch) for ring in (True, False)},
         trainer_handover_s={ring: runs[ring].trainer_s for ring in (True, False)},
         sample_bytes=sample.sample_bytes,
         record_bytes=sample.record_bytes,
         batch_cv=cv,
+        storage_bytes_per_s=sample.storage_bytes_per_s,
     )
 
 
@@ -299,8 +436,25 @@ def describe(sample: StageSample, costs: StageCosts) -> dict:
     return {
         "samples_timed": len(sample.read_s),
         "batches_timed": len(sample.batch_s),
-        "read": ms(sample.read_s),
-        "reread": ms(sample.reread_s),
+        "read": ms(sample.read_s),  # wall time
+        "read_cpu": ms(sample.read_cpu_s),
+        "reread": ms(sample.reread_s),  # wall time
+        "reread_cpu": ms(sample.reread_cpu_s),
+        "read_wait_ms": {
+            "first": round(costs.read_wait_s * 1e3, 4),
+            "again": round(costs.reread_wait_s * 1e3, 4),
+        },
+        # records' bytes per second from storage, past the page cache; None: not measurable
+        "storage_mb_per_s": (
+            round(costs.storage_bytes_per_s / 2**20, 1)
+            if math.isfinite(costs.storage_bytes_per_s)
+            else None
+        ),
+        "storage_records_per_s": (
+            round(costs.storage_bytes_per_s / max(costs.record_bytes, 1.0))
+            if math.isfinite(costs.storage_bytes_per_s)
+            else None
+        ),
         "decode": ms(sample.decode_s),
         "transform": ms(sample.transform_s),
         "batch": ms(sample.batch_s),

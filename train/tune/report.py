@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import os
 import platform
 import shlex
@@ -83,6 +84,8 @@ def as_json(tuning: Tuning, command: str, train_command: str) -> dict:
                 "interval_95": [rate(v) for v in interval] if interval else None,
                 "predicted_samples_per_s": rate(predicted.samples_per_s),
                 "model_bottleneck": predicted.bottleneck,
+                # the storage's bound on this setting: absent when no read goes to storage
+                "storage_bound_samples_per_s": rate(predicted.limits.get(model.STORAGE)),
                 "shm_mb": round(predicted.shm_bytes / MB, 1),
             }
         )
@@ -102,7 +105,10 @@ def as_json(tuning: Tuning, command: str, train_command: str) -> dict:
         "step": tuning.step,
         "host": dataclasses.asdict(tuning.host),
         "stages": tuning.stages,
-        "costs": dataclasses.asdict(tuning.costs),
+        "costs": {  # an unmeasured storage rate is math.inf, which JSON has not: null
+            name: value if not isinstance(value, float) or math.isfinite(value) else None
+            for name, value in dataclasses.asdict(tuning.costs).items()
+        },
         "model_pick": tuning.plan.pick.candidate.label(),
         "model_best": tuning.plan.best.candidate.label(),
         "candidates_modelled": len(tuning.plan.predictions),
@@ -152,13 +158,18 @@ def markdown(report: dict, tuning: Tuning) -> str:
         f"## Stages, per sample (median of {stages['samples_timed']} records, "
         f"{stages['batches_timed']} batches)",
         "",
-        "| read (first) | read again | decode | augment, resize, label | in a batch (all but "
-        "the read) | batch time's cv |",
+        "| read, first: wall / CPU | read again: wall / CPU | decode | augment, resize, label "
+        "| in a batch (all but the read) | batch time's cv |",
         "|---:|---:|---:|---:|---:|---:|",
-        f"| {stages['read']['median_ms']} ms | {stages['reread']['median_ms']} ms | "
+        f"| {stages['read']['median_ms']} / {stages['read_cpu']['median_ms']} ms | "
+        f"{stages['reread']['median_ms']} / {stages['reread_cpu']['median_ms']} ms | "
         f"{stages['decode']['median_ms']} ms | "
         f"{max(0.0, stages['transform']['median_ms'] - stages['decode']['median_ms']):.4f} ms | "
         f"{stages['batched_per_sample_ms']} ms | {stages['batch_cv']} |",
+        "",
+        "A read's wall time beyond its CPU time waits on storage: it holds a worker, not a core "
+        f"(first read {stages['read_wait_ms']['first']} ms, again "
+        f"{stages['read_wait_ms']['again']} ms). " + storage_text(stages),
         "",
         "Per batch beyond making it, CPU (the real loader's runs): the trainer's own work "
         f"without workers {stages['trainer_alone_per_batch_ms']} ms; with a worker, ring on: "
@@ -173,15 +184,17 @@ def markdown(report: dict, tuning: Tuning) -> str:
         "modelled)",
         "",
         "| setting | predicted samples/s | measured samples/s (median) | runs | 95% interval "
-        "of the mean | the model's bottleneck | /dev/shm need |",
-        "|---|---:|---:|---:|---:|---|---:|",
+        "of the mean | the model's bottleneck | storage bound samples/s | /dev/shm need |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for row in report["measured"]:
         interval = row["interval_95"]
         shown = f"{interval[0]}-{interval[1]}" if interval else "one run"
+        storage = row["storage_bound_samples_per_s"]
         lines.append(
             f"| {row['setting']} | {row['predicted_samples_per_s']} | {row['samples_per_s']} | "
-            f"{len(row['runs'])} | {shown} | {row['model_bottleneck']} | {row['shm_mb']} MiB |"
+            f"{len(row['runs'])} | {shown} | {row['model_bottleneck']} | "
+            f"{'none' if storage is None else storage} | {row['shm_mb']} MiB |"
         )
     if report["unexplored"]:
         lines += [
@@ -198,6 +211,21 @@ def markdown(report: dict, tuning: Tuning) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def storage_text(stages: dict) -> str:
+    """The storage's read rate in a sentence (measure.storage_read_rate)."""
+    if stages["storage_mb_per_s"] is None:
+        return (
+            "The storage's read rate past the page cache was not measured (its filesystem "
+            "reads no O_DIRECT): no storage bound."
+        )
+    return (
+        f"The storage serves {stages['storage_mb_per_s']} MiB/s of records "
+        f"({stages['storage_records_per_s']} records/s) to reads the page cache does not "
+        "serve: the bound of a setting whose reads go to storage (a dataset the page cache "
+        "cannot keep)."
+    )
 
 
 def plot(report: dict, path: Path) -> None:

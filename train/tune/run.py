@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from train import preflight
-from train.tune import measure, model, verify
+from train.tune import companions, measure, model, verify
 
 log = logging.getLogger("train.tune")
 
@@ -182,7 +182,18 @@ def tune(config, backend, step_ms: float | None, budget_s: float, local_ranks: i
     deadline = started + budget_s
     window_s = min(5.0, max(1.0, (deadline - time.perf_counter()) / 16))
     check_budget(tuning, window_s, deadline - time.perf_counter(), budget_s)
-    search(tuning, config, backend, device, window_s, deadline, on_device=step_ms is None)
+    # With several ranks on the node, their loaders run beside each measured run (companions).
+    with companions.started(config, local_ranks, target.step_s, target.step_on_cpu) as others:
+        search(
+            tuning,
+            config,
+            backend,
+            device,
+            window_s,
+            deadline,
+            on_device=step_ms is None,
+            other_ranks=others,
+        )
     choose(tuning)
     tuning.elapsed_s = time.perf_counter() - started
     return tuning
@@ -216,7 +227,16 @@ def check_budget(tuning: Tuning, window_s: float, left_s: float, budget_s: float
     )
 
 
-def search(tuning: Tuning, config, backend, device, window_s: float, deadline: float, on_device):
+def search(
+    tuning: Tuning,
+    config,
+    backend,
+    device,
+    window_s: float,
+    deadline: float,
+    on_device,
+    other_ranks: companions.Companions | None = None,
+):
     """Measured runs, from the model's pick: the pick and the scenario's own setting (for the
     speed-up), whatever the budget. Then a local search, one dimension at a time (the worker
     count first, then ring, prefetch, cache: model.DIMENSIONS): the untried steps from the
@@ -224,17 +244,22 @@ def search(tuning: Tuning, config, backend, device, window_s: float, deadline: f
     of the budget left; the model ranks the settings, the runs correct it where it misses a
     cost. Last, the settings within 10% of the fastest measured again in interleaved rounds
     until each has MIN_RUNS runs, so that a slow spell of a shared host does not choose, and the
-    pick confirmed (:func:`confirm_pick`)."""
+    pick confirmed (:func:`confirm_pick`). ``other_ranks``: the node's other ranks, whose
+    loaders run beside each measured run (verify.measure); each rate is then one rank's."""
+    # Given to verify.measure only when there are other ranks: a one-rank run is called as ever.
+    beside = {} if other_ranks is None else {"other_ranks": other_ranks}
 
     def run(candidate: model.Candidate) -> None:
         expected = tuning.predicted_rate(candidate)
         result = verify.measure(
-            config, backend, candidate, device, window_s, expected, on_device=on_device
+            config, backend, candidate, device, window_s, expected, on_device=on_device, **beside
         )
+        others = ", ".join(f"{rate:.0f}" for rate in result.other_ranks_samples_per_s)
         log.info(
-            "%s: %.0f samples/s measured, %.0f predicted",
+            "%s: %.0f samples/s measured%s, %.0f predicted",
             candidate.label(),
             result.samples_per_s,
+            f" (the other ranks beside it: {others})" if others else "",
             expected,
         )
         tuning.measured.append(result)
@@ -321,8 +346,9 @@ def choose(tuning: Tuning) -> None:
         tuning.bottleneck = model.SHM
     elif predicted.bottleneck == model.GPU:
         # The model expected the device to be the limit and the loader fell short of it: the
-        # loader's own cost is what holds it (the model underestimated it).
-        slow_reads = tuning.costs.read_s > tuning.costs.transform_s
-        tuning.bottleneck = model.DISK if slow_reads else model.CPU
+        # loader's own cost is what holds it (the model underestimated it): storage when its
+        # reads wait longer than it computes, the CPU otherwise.
+        waits = model.reads_wait_most(tuning.costs, tuning.host, tuning.target, pick)
+        tuning.bottleneck = model.DISK if waits else model.CPU
     else:
         tuning.bottleneck = predicted.bottleneck

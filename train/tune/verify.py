@@ -15,6 +15,12 @@ batches, so neither worker start-up nor an empty cache is counted. The window is
 batches (:func:`window_batches`), enough for several full rounds of every worker: a window of a
 few batches catches the workers' batches arriving together and reads several workers faster
 than they are.
+
+With several ranks on the node (``--local-ranks N``), each run is one rank's among N: the other
+N - 1 ranks' loaders run beside it at the same setting, each in a companion process
+(train/tune/companions.py), from before the window starts until it ends, and the rate measured
+is this rank's. Each rank reads its own shard of the epoch and sets its CPU threads as training
+sets a rank's (:func:`set_rank_threads`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import dataclasses
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from datasets.sampler import EpochSampler
@@ -80,6 +86,48 @@ def with_candidate(config, candidate: Candidate):
     return dataclasses.replace(config, loader=loader, data=data)
 
 
+def run_config(config, candidate: Candidate):
+    """``config`` as a measured run at ``candidate`` runs it, on every rank: the candidate's
+    settings, and one epoch per run with workers that stop with it. Persistent ones would
+    outlive the run (they belong to the loader) and take cores from the next."""
+    config = with_candidate(config, candidate)
+    return dataclasses.replace(
+        config, loader=dataclasses.replace(config.loader, persistent_workers=False)
+    )
+
+
+def set_rank_threads(backend, workers: int, local_ranks: int) -> None:
+    """The trainer's CPU threads as training sets them on one of ``local_ranks`` ranks of the
+    node with ``workers`` loader workers (train.data.RunData.train_loader): the rank's share of the
+    cores less one per worker, on a CPU device. The tuner's processes each run as a rank of
+    one, so the node's rank count is theirs for this call only."""
+    runtime = backend.runtime
+    alone = runtime.dist
+    runtime.dist = dataclasses.replace(alone, local_world_size=local_ranks)
+    try:
+        backend.batches.set_cpu_threads(workers)
+    finally:
+        runtime.dist = alone
+
+
+def fill_cache(dataset, candidate: Candidate, sampler: EpochSampler) -> None:
+    """With a record cache, read the records ``sampler`` gives this rank into it, untimed: a
+    measured run is the steady state of epoch 2 on, after epoch 1 filled the cache."""
+    if candidate.cache == "none":
+        return
+    # Positions past the dataset's end wrap around (RecordDataset reads position % len).
+    for position in sorted({int(p) % len(dataset) for p in sampler.positions()}):
+        dataset._read(dataset._source_index(position))
+
+
+def close_batches(batches) -> None:
+    """End an epoch's batches left mid-epoch: its workers are stopped here, the way a stop
+    request stops them (with the framework's warnings)."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+
+
 class LoaderFailed(Exception):
     """A loader run failed as a training run's can (a worker killed or hung, too many bad
     samples, a data error in a worker), and the report naming the sample and the worker is
@@ -120,14 +168,21 @@ class Measured:
     samples_per_s: float
     batches: int
     seconds: float  # the whole run: start-up, cache fill, warm-up and window
+    # With several ranks on the node: each other rank's samples/s within this rank's window.
+    other_ranks_samples_per_s: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {
+        row = {
             "setting": self.candidate.label(),
             "samples_per_s": round(self.samples_per_s, 1),
             "batches": self.batches,
             "run_s": round(self.seconds, 2),
         }
+        if self.other_ranks_samples_per_s:
+            row["other_ranks_samples_per_s"] = [
+                round(rate, 1) for rate in self.other_ranks_samples_per_s
+            ]
+        return row
 
 
 @contextlib.contextmanager
@@ -168,55 +223,67 @@ def measure(
     window_s: float,
     expected: float,
     on_device: bool = True,
+    other_ranks=None,
 ):
     """Samples per second of the real loader at ``candidate``, over a window of
     :func:`window_batches` batches (about ``window_s`` seconds at ``expected``, the predicted
     samples/s, and at least three rounds of every worker) after the workers' first round of
     batches. The loader then ends its epoch as in training (one left mid-epoch is stopped the
     way a stop request stops it, with the framework's warnings). A setting far slower than
-    predicted ends its window after 4 x window_s, once its rounds are covered."""
+    predicted ends its window after 4 x window_s, once its rounds are covered.
+
+    ``other_ranks``: the node's other ranks (companions.Companions), whose loaders run beside
+    this one at ``candidate``: they are ready (their workers up) before this rank's loader
+    starts, and run until its window ends; this run is then rank 0's share of the epoch, and a
+    companion's failure is this run's."""
     started = time.perf_counter()
-    config = with_candidate(config, candidate)
-    # One epoch per run: workers that stop with it. Persistent ones would outlive the run
-    # (they belong to the loader) and take cores from the next.
-    config = dataclasses.replace(
-        config, loader=dataclasses.replace(config.loader, persistent_workers=False)
-    )
+    local_ranks = 1 if other_ranks is None else other_ranks.local_ranks
+    config = run_config(config, candidate)
     batch = config.loader.batch_size
     warm = candidate.workers + 1  # the workers' first round arrives together
     window = window_batches(candidate.workers, window_s, expected, batch)
     rounds = window_batches(candidate.workers, 0.0, 0.0, batch)  # the window's least
+    # Rank 0's share of an epoch of (warm + window) batches per rank.
+    sampler = EpochSampler(
+        local_ranks * (warm + window) * batch,
+        shuffle=True,
+        seed=config.seed,
+        rank=0,
+        world_size=local_ranks,
+    )
     dataset = open_train_dataset(config, candidate.cache)
     try:
-        if candidate.cache != "none":  # epoch 1 filled the cache: read the window's records
-            for position in range(min(len(dataset), (warm + window) * batch)):
-                dataset._read(dataset._source_index(position))
-        # Positions past the dataset's end wrap around (RecordDataset reads position % len).
-        sampler = EpochSampler((warm + window) * batch, shuffle=True, seed=config.seed)
-        with failures_named(config, dataset):
-            with more_workers_than_cores():
-                loader = backend.batches.make_loader(dataset, sampler, config.loader, train=True)
-                batches = batches_of(backend, loader, on_device)
-                first = next(batches)
-            try:
-                device.step(first)
-                for _ in range(warm - 1):
-                    device.step(next(batches))
-                device.synchronize()
-                start = time.perf_counter()
-                done = 0
-                for item in batches:
-                    device.step(item)
-                    done += 1
-                    if done >= rounds and time.perf_counter() - start >= 4 * window_s:
-                        break
-                device.synchronize()
-                took = time.perf_counter() - start
-            finally:
-                close = getattr(batches, "close", None)
-                if close is not None:
-                    close()  # a loader left mid-epoch: its workers are stopped here
-                del batches, loader
+        fill_cache(dataset, candidate, sampler)
+        set_rank_threads(backend, candidate.workers, local_ranks)
+        with contextlib.ExitStack() as beside:
+            if other_ranks is not None:  # started, and their workers up, before this rank's
+                node = beside.enter_context(other_ranks.running(candidate, warm + window))
+            with failures_named(config, dataset):
+                with more_workers_than_cores():
+                    loader = backend.batches.make_loader(
+                        dataset, sampler, config.loader, train=True
+                    )
+                    batches = batches_of(backend, loader, on_device)
+                    first = next(batches)
+                try:
+                    device.step(first)
+                    for _ in range(warm - 1):
+                        device.step(next(batches))
+                    device.synchronize()
+                    start, window_began = time.perf_counter(), time.monotonic()
+                    done = 0
+                    for item in batches:
+                        device.step(item)
+                        done += 1
+                        if done >= rounds and time.perf_counter() - start >= 4 * window_s:
+                            break
+                    device.synchronize()
+                    took, window_ended = time.perf_counter() - start, time.monotonic()
+                finally:
+                    close_batches(batches)
+                    del batches, loader
+            others = [] if other_ranks is None else node.stop(window_began, window_ended)
     finally:
         dataset.close()
-    return Measured(candidate, done * batch / took, done, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return Measured(candidate, done * batch / took, done, seconds, others)
