@@ -201,7 +201,8 @@ def run(args, held: Held) -> int:
     # The run's loaders fitted to this node's free /dev/shm (shm.policy), logged into train.log.
     config = held.config = preflight.apply_policy(resolved.config, dist.local_world_size)
     held.data = RunData.open(config, run_dir)
-    summary = loop.train(config, backend, dist, held.data, run_dir, resume)
+    source = (args.config, args.overrides)  # what loader.autotune's tuned.yaml extends
+    summary = loop.train(config, backend, dist, held.data, run_dir, resume, source)
     if "loader_bottleneck" in summary:  # the loader held this run: the tuner for its scenario
         tune = stall.tune_command(args.config, args.overrides)
         ordered = {}

@@ -145,9 +145,10 @@ class RunData:
             raise
         return cls(built["train"], built.get("val"), num_classes)
 
-    def loaders(self, config, backend, dist):
+    def loaders(self, config, backend, dist, train_loader_cfg=None):
         """This rank's share of each epoch, in batches of uint8 arrays: the training sampler
-        and loader, and the validation ones (None without validation data)."""
+        and loader (at ``train_loader_cfg``, default config.loader: loader.autotune may set
+        another), and the validation ones (None without validation data)."""
         loader_cfg = config.loader
         sampler = EpochSampler(
             len(self.train),
@@ -162,8 +163,7 @@ class RunData:
                 f"{len(sampler)} samples of {config.data.train}",
                 "lower loader.batch_size (or use fewer ranks)",
             )
-        backend.batches.set_cpu_threads(loader_cfg.num_workers)
-        loader = backend.batches.make_loader(self.train, sampler, loader_cfg, train=True)
+        loader = self.train_loader(backend, sampler, train_loader_cfg or loader_cfg)
         val_sampler = val_loader = None
         if self.val is not None:
             val_sampler = EpochSampler(
@@ -171,6 +171,12 @@ class RunData:
             )
             val_loader = backend.batches.make_loader(self.val, val_sampler, loader_cfg, train=False)
         return sampler, loader, val_sampler, val_loader
+
+    def train_loader(self, backend, sampler, loader_cfg):
+        """The training loader over ``sampler`` at ``loader_cfg``, with the trainer's CPU
+        threads set for its worker count (a CPU step shares the cores with the workers)."""
+        backend.batches.set_cpu_threads(loader_cfg.num_workers)
+        return backend.batches.make_loader(self.train, sampler, loader_cfg, train=True)
 
     def close(self) -> None:
         for dataset in (self.train, self.val):

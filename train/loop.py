@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from train import checkpoint, faults, stall, tasks
+from train.autotune import LoaderAutotune
 from train.data import RunData
 from train.errors import WorkerDiedError, out_of_memory_named
 from train.nonfinite import NonFiniteSteps
@@ -19,17 +20,18 @@ from train.stops import (
     install_stop_handler,
     settle_after_stop,
 )
-from train.telemetry import run_telemetry
+from train.telemetry import loader_knobs, run_telemetry
 from train.validation import evaluate
 from train.weights import apply_init_from
 
 log = logging.getLogger("train")
 
 
-def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool) -> dict:
+def train(config, backend, dist, data: RunData, run_dir: Path, resume: bool, source=None) -> dict:
     """Run to train.max_steps or train.epochs, whichever comes first; return the summary.
-    ``config`` is resolved (train.data.resolve, then the /dev/shm policy)."""
-    run = Run(config, backend, dist, data, run_dir, resume)
+    ``config`` is resolved (train.data.resolve, then the /dev/shm policy); ``source``: (the
+    config file, its --set overrides) as given, which loader.autotune's tuned.yaml extends."""
+    run = Run(config, backend, dist, data, run_dir, resume, source)
     while run.position.step < run.total_steps:
         epoch_ended = run.train_epoch()
         if run.stopping:
@@ -46,13 +48,22 @@ class Run:
     """One training run: its loaders, model, position and telemetry, and the steps of the loop
     in the order train() calls them."""
 
-    def __init__(self, config, backend, dist, data: RunData, run_dir: Path, resume: bool) -> None:
+    def __init__(
+        self, config, backend, dist, data: RunData, run_dir: Path, resume: bool, source=None
+    ) -> None:
         self.config, self.backend, self.dist, self.data = config, backend, dist, data
         self.run_dir, self.train_cfg = run_dir, config.train
         self.batch_size = config.loader.batch_size
-        self.sampler, self.loader, self.val_sampler, self.val_loader = data.loaders(
-            config, backend, dist
+        # loader.autotune: the training loader's setting, from the config or (on --resume)
+        # where the tuning had got to.
+        self.autotune = LoaderAutotune(
+            config, run_dir, dist.is_main, dist.local_world_size, resume, source
         )
+        train_loader = self.autotune.loader_config(config.loader)
+        self.sampler, self.loader, self.val_sampler, self.val_loader = data.loaders(
+            config, backend, dist, train_loader
+        )
+        self.taken = 0  # samples taken from the sampler since it was last set (this rank's)
         self.steps_per_epoch = len(self.sampler) // self.batch_size
         self.total_steps = checkpoint.last_step(
             self.train_cfg, self.train_cfg.epochs * self.steps_per_epoch
@@ -83,8 +94,7 @@ class Run:
         last step, or a stop request. Returns whether the epoch's batches are all done."""
         position, backend = self.position, self.backend
         self.start_epoch()
-        left = len(self.sampler)  # this rank's samples in the rest of the epoch
-        batches = self.telemetry.timed(backend.batches.device_batches(self.loader))
+        batches = self.epoch_batches()
         if faults.injected():  # TRAIN_INJECT_FAULT: the fault tests' poisoned batches
             batches = faults.steps(batches, position.step + 1, backend)
         for batch in batches:
@@ -95,8 +105,8 @@ class Run:
                 backend.trainer.train_step(batch)  # queued: nothing here waits for the device
             position.step += 1
             position.epoch_samples += self.batch_size * self.dist.world_size
-            left -= self.batch_size
-            self.nonfinite.queued(len(self.sampler) - left)  # where its batch ends
+            self.taken += self.batch_size
+            self.nonfinite.queued(self.taken)  # where its batch ends in the sampler's order
             self.telemetry.step_done(position.step)
             self.log_evaluate_save(position.step)
             self.stopping = self.stops.after_step(position.step)
@@ -108,12 +118,37 @@ class Run:
                 return False
             if position.step >= self.total_steps:
                 self.read_steps()
-                return left < self.batch_size  # the last step may have been the epoch's last
+                # the last step may have been the epoch's last
+                return len(self.sampler) - self.taken < self.batch_size
         self.read_steps()  # the epoch's last steps: their sample positions are this epoch's
         return True
 
-    def start_epoch(self) -> None:
+    def epoch_batches(self):
+        """The epoch's batches on the device, timed. With loader.autotune, the loader is
+        rebuilt between two steps at the setting the tuner asks for: the old one's workers are
+        stopped, the sampler goes on from the epoch's position (as on --resume: the same
+        batches follow), and the new loader starts there."""
+        while True:
+            batches = self.telemetry.timed(self.backend.batches.device_batches(self.loader))
+            yield from self.autotune.watch(batches, self.read_steps)
+            if self.autotune.switch_to is None:
+                return  # the epoch's batches are done
+            self.read_steps()  # the queued steps' sample positions are the old order's
+            batches.close()
+            del batches
+            self.loader = None  # its workers stop before the new loader's start
+            loader_cfg = self.autotune.loader_config(self.config.loader)
+            self.set_sampler()
+            self.loader = self.data.train_loader(self.backend, self.sampler, loader_cfg)
+            self.telemetry.knobs = loader_knobs(loader_cfg)
+
+    def set_sampler(self) -> None:
+        """The sampler at the epoch's position: the samples all ranks have taken are left out."""
         self.sampler.set_epoch(self.position.epoch, consumed=self.position.epoch_samples)
+        self.taken = 0
+
+    def start_epoch(self) -> None:
+        self.set_sampler()
         self.data.train.start_epoch(self.position.epoch)
         if self.resumed_mid_epoch:  # the epoch's bad samples before the checkpoint count too
             self.data.train.count_resumed(self.sampler.consumed_positions())
@@ -241,5 +276,6 @@ class Run:
             # above train.stall.BOTTLENECK_FRACTION: which bottleneck held the loader
             **stall.summary_keys(data_wait, self.telemetry.loader_use()),
             "bad_samples_total": sum(self.data.train.bad_log.total_counts().values()),
+            **self.autotune.summary(),  # loader.autotune: where it settled
             **{f"val_{k}": v for k, v in self.last_eval.items()},
         }

@@ -342,19 +342,23 @@ def _fmt(key: str, value) -> str:
     return f"{key}={value}"
 
 
-def run_telemetry(config, backend, dist, run_dir: Path) -> Telemetry:
-    """The run's Telemetry: rank 0 writes; the knobs line names the loader's settings."""
-    loader_cfg = config.loader
-    knobs = (
+def loader_knobs(loader_cfg) -> str:
+    """The loader's settings, as the stall warning quotes them."""
+    return (
         f"workers={loader_cfg.num_workers} prefetch={loader_cfg.prefetch_factor} "
         f"persistent={loader_cfg.persistent_workers} batch={loader_cfg.batch_size}"
     )
+
+
+def run_telemetry(config, backend, dist, run_dir: Path) -> Telemetry:
+    """The run's Telemetry: rank 0 writes; the knobs line names the loader's settings."""
+    loader_cfg = config.loader
     return Telemetry(
         run_dir,
         dist.is_main,
         loader_cfg.batch_size * dist.world_size,
         backend.runtime.device_index,  # the GPU NVML reports on (None on the CPU)
-        knobs,
+        loader_knobs(loader_cfg),
         config.train.stall_warn_fraction,
         backend.runtime.scalar_writer(run_dir / "scalars") if dist.is_main else None,
         num_workers=loader_cfg.num_workers,

@@ -41,6 +41,24 @@ def batches_in_flight(num_workers: int, prefetch_factor: int) -> int:
 
 # ---------------------------------------------------------------- one dataclass per section
 @dataclass(frozen=True, kw_only=True)
+class AutotuneConfig:
+    """loader.autotune: the loader tuned while the run trains (train/autotune.py)."""
+
+    # Watch the loop's data wait and move num_workers and prefetch_factor between two steps
+    # until the loader keeps up (or more stops helping); what it settles on goes to the run's
+    # summary and to tuned.yaml in the run directory.
+    enabled: bool = False
+    # Steps measured per setting, after the new workers' first round of batches: long enough
+    # that a window covers several rounds of every worker.
+    window_steps: PositiveInt = 20
+    # The share of a step spent waiting for data below which the loader keeps up.
+    keeps_up_wait: Fraction = 0.05
+    # A costlier setting (a worker more, a deeper prefetch) is kept only when its samples/s
+    # beat the current one's by this share: less is within a window's noise.
+    min_gain: Fraction = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
     batch_size: PositiveInt = 64  # per rank
     eval_batch_size: PositiveInt | None = None  # None: batch_size
@@ -62,6 +80,7 @@ class LoaderConfig:
     multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None
     timeout_s: NonNegativeFloat = 120.0  # a worker silent this long is an error; 0: wait forever
     drop_last: bool = True  # training drops the last partial batch (evaluation never does)
+    autotune: AutotuneConfig = field(default_factory=AutotuneConfig)
 
     def resolved(self, num_workers: int) -> LoaderConfig:
         """This section as loaders read it: ``num_workers`` a count (train.data.resolve decides
