@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         grid = [
             p.candidate
             for p in tuning.plan.predictions
-            if p.feasible and p.candidate in model.candidates(tuning.host, tuning.target)
+            if p.feasible
+            and p.candidate in model.candidates(tuning.host, tuning.target, costs=tuning.costs)
         ]
         started = time.perf_counter()
         sweep = []

@@ -18,6 +18,7 @@ import pytest
 from tests.test_resume import final_weights, wait_for_step
 from tests.test_train import ROOT, train_cmd
 from train.autotune import DRIFT_WINDOWS, Climb, Setting, Window
+from train.config.load import load_config
 
 BATCH = 64
 
@@ -91,6 +92,37 @@ def test_settled_it_climbs_again_when_the_data_slows_down():
     assert following == Setting(3, 2) and "windows in a row" in why
 
 
+def test_a_loader_still_waiting_after_workers_and_prefetch_tries_a_memory_cache():
+    tuner = climb(Setting(2, 2))
+    tuner.try_cache = True
+    assert tuner.observe(window(Setting(2, 2), 300, 0.4))[0] == Setting(3, 2)
+    assert tuner.observe(window(Setting(3, 2), 301, 0.4))[0] == Setting(1, 2)
+    assert tuner.observe(window(Setting(1, 2), 150, 0.6))[0] == Setting(2, 4)
+    following, _ = tuner.observe(window(Setting(2, 4), 302, 0.4))
+    assert following == Setting(2, 2, "memory")
+    # The cache pays: with reads from memory, a worker fewer while that is as fast, to none.
+    assert tuner.observe(window(Setting(2, 2, "memory"), 600, 0.01))[0] == Setting(1, 2, "memory")
+    assert tuner.observe(window(Setting(1, 2, "memory"), 590, 0.01))[0] == Setting(0, 2, "memory")
+    following, why = tuner.observe(window(Setting(0, 2, "memory"), 400, 0.3))
+    assert following == Setting(1, 2, "memory") and tuner.settled, why
+    # A cache that does not pay is removed again.
+    tuner = climb(Setting(2, 4))
+    tuner.try_cache = True
+    tuner.phase, tuner.incumbent = "prefetch", Setting(2, 2)
+    tuner.rates[Setting(2, 2)] = [300]
+    assert tuner.observe(window(Setting(2, 4), 290, 0.4))[0] == Setting(2, 2, "memory")
+    following, _ = tuner.observe(window(Setting(2, 2, "memory"), 305, 0.4))
+    assert following == Setting(2, 2) and tuner.settled
+
+
+def test_no_cache_is_tried_when_the_scenario_sets_data_cache_itself():
+    tuner = climb(Setting(2, 4))  # try_cache off: the scenario sets data.cache itself
+    tuner.phase, tuner.incumbent = "prefetch", Setting(2, 2)
+    tuner.rates[Setting(2, 2)] = [300]
+    following, _ = tuner.observe(window(Setting(2, 4), 290, 0.4))
+    assert following == Setting(2, 2) and tuner.settled
+
+
 def test_the_climb_never_passes_twice_the_cores():
     tuner = climb(Setting(4, 2), cores=2)
     following, _ = tuner.observe(window(Setting(4, 2), 300, 0.3))
@@ -157,11 +189,48 @@ def test_a_run_from_no_workers_tunes_its_loader_and_trains_as_a_fixed_setting_do
     a, b = final_weights(tmp_path / "fixed", framework, STEPS), final_weights(out, framework, STEPS)
     assert [k for k in a if not np.array_equal(a[k], b[k])] == []
     if state["settled"]:  # tuned.yaml: the scenario and the settings chosen, a valid config
-        from train.config.load import load_config
-
         tuned = load_config(out / "tuned.yaml")
         assert tuned.loader.num_workers == state["setting"]["num_workers"]
         assert tuned.data.train == str(ocr_lmdb)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_reads_slower_than_the_workers_can_overlap_get_a_memory_cache_at_an_epoch_start(
+    framework, tmp_path, ocr_lmdb
+):
+    """One core, so at most 2 workers; reads of 30 ms below the record cache: workers cannot
+    hide them, a memory cache can. It is attached at an epoch's start, that epoch fills it,
+    the next is measured; the weights are still those of a run at a fixed setting."""
+    steps = 84  # 7 epochs: the climb, the epoch that fills the cache, the one that measures it
+    length = [f"train.max_steps={steps}", "loader.autotune.window_steps=3"]
+    fixed_cmd, env = one_core_run(
+        framework, tmp_path / "fixed", ocr_lmdb, ["loader.num_workers=1", *length]
+    )
+    fixed = subprocess.run(
+        fixed_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    out = tmp_path / "tuned"
+    cmd, env = one_core_run(
+        framework,
+        out,
+        ocr_lmdb,
+        ["loader.num_workers=0", "data.cache=none", *AUTOTUNE, *length],
+        {"DATA_INJECT_FAULT": "latency@30"},
+    )
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(
+        r"trying num_workers=\d+ prefetch_factor=\d cache=memory", result.stderr
+    ), result.stderr[-3000:]
+    attached = re.search(r"loader autotune: epoch (\d+) runs at .*cache=memory", result.stderr)
+    assert attached, result.stderr[-3000:]
+    state = json.loads((out / "autotune.json").read_text())
+    assert state["settled"] and state["setting"]["cache"] == "memory", state
+    tuned = load_config(out / "tuned.yaml")
+    assert tuned.data.cache == "memory"
+    a, b = final_weights(tmp_path / "fixed", framework, steps), final_weights(out, framework, steps)
+    assert [k for k in a if not np.array_equal(a[k], b[k])] == []
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -17,9 +17,18 @@ How it moves (:class:`Climb`, pure):
   most train.cpus.MAX_USEFUL_WORKERS); when the first one more does not, a worker fewer while
   that is as good (within ``min_gain``): fewer processes for the same rate;
 - then the next deeper prefetch, kept only if it beats the current setting by ``min_gain``;
+- then, when the scenario has no record cache, a memory cache (datasets/cache.py: the records
+  as storage returns them, in /dev/shm): what workers hide of a read's wait they pay for in
+  processes (and, with a CPU step, in the step's cores), and a cache removes the read. It is
+  attached at the next epoch's start; that epoch fills it and is not measured; the epoch after
+  decides. Kept only if it beats the setting without it by ``min_gain`` (then a worker fewer
+  while that is as fast, down to none), otherwise removed at the following epoch's start. Not
+  a disk cache: the page cache already keeps a dataset that fits in memory, and one that does
+  not is read from the same disk either way;
 - settled, it keeps watching: three windows in a row above train.stall_warn_fraction (the data
   slowed down: another job on the host, colder storage) start the climb again.
-A setting whose batches would not fit the free /dev/shm (train/preflight.py's plan) is skipped.
+A setting whose batches (and cache) would not fit the free /dev/shm (train/preflight.py's plan)
+is skipped.
 
 Each change is logged with its reason. Rank 0 writes ``autotune.json`` in the run directory at
 each change (a resumed run starts from it) and ``tuned.yaml`` when the climb settles: the
@@ -52,6 +61,7 @@ log = logging.getLogger("train")
 STATE_FILE = "autotune.json"
 TUNED_FILE = "tuned.yaml"
 PREFETCH_CHOICES = (1, 2, 4)  # the depths the climb tries, as the offline tuner's grid
+CACHES = ("none", "memory", "disk")
 DRIFT_WINDOWS = 3  # settled, this many windows in a row above the stall share start a new climb
 
 
@@ -59,24 +69,30 @@ DRIFT_WINDOWS = 3  # settled, this many windows in a row above the stall share s
 class Setting:
     workers: int
     prefetch: int  # batches in flight per worker (kept as configured at 0 workers)
+    cache: str = "none"  # data.cache: none, or memory (the one the climb tries)
 
     def label(self) -> str:
-        if self.workers == 0:
-            return "num_workers=0"
-        return f"num_workers={self.workers} prefetch_factor={self.prefetch}"
+        text = f"num_workers={self.workers}"
+        if self.workers:
+            text += f" prefetch_factor={self.prefetch}"
+        return text + (f" cache={self.cache}" if self.cache != "none" else "")
 
     def as_dict(self) -> dict:
-        return {"num_workers": self.workers, "prefetch_factor": self.prefetch}
+        return {"num_workers": self.workers, "prefetch_factor": self.prefetch, "cache": self.cache}
 
     def knobs(self) -> dict:
-        """The loader section's keys for this setting (no prefetch without workers)."""
+        """The config sections' keys for this setting (no prefetch without workers)."""
         prefetch = self.prefetch if self.workers else None
-        return {"num_workers": self.workers, "prefetch_factor": prefetch}
+        loader = {"num_workers": self.workers, "prefetch_factor": prefetch}
+        return {"loader": loader, "data": {"cache": self.cache}}
 
     @classmethod
-    def of(cls, loader: dict) -> Setting:
+    def of(cls, saved: dict) -> Setting:
         """From :meth:`as_dict`'s keys (autotune.json)."""
-        return cls(int(loader["num_workers"]), int(loader["prefetch_factor"]))
+        cache = str(saved.get("cache", "none"))
+        if cache not in CACHES:
+            raise ValueError(f"unknown cache {cache!r}")
+        return cls(int(saved["num_workers"]), int(saved["prefetch_factor"]), cache)
 
 
 @dataclass(frozen=True)
@@ -108,9 +124,10 @@ class Climb:
     min_gain: float
     stall_wait: float  # train.stall_warn_fraction: settled, waits above it mean drift
     fits: object = None  # (Setting) -> bool: its batches fit the free /dev/shm
+    try_cache: bool = False  # the scenario has no record cache: the climb may try one
     current: Setting = field(init=False)
     incumbent: Setting = field(init=False)  # the best setting so far
-    phase: str = "start"  # start, jump, more, fewer, prefetch, settled
+    phase: str = "start"  # start, jump, more, fewer, prefetch, cache, cached, settled
     rates: dict = field(default_factory=dict)  # Setting -> [samples/s of its windows]
     moved_up: bool = False  # this climb kept a worker more
     drift: int = 0  # settled: windows in a row above the stall share
@@ -136,24 +153,32 @@ class Climb:
         trial, incumbent = self.current, self.incumbent
         gain = self.rate(trial) / self.rate(incumbent) - 1
         versus = f"{self.rate(trial):.0f} vs {self.rate(incumbent):.0f} samples/s ({gain:+.0%})"
-        if self.phase in ("jump", "more", "prefetch") and gain > self.min_gain:
+        if self.phase in ("jump", "more", "prefetch", "cache") and gain > self.min_gain:
             self.incumbent = trial
             self.moved_up = self.moved_up or self.phase in ("jump", "more")
-            if window.wait_fraction < self.keeps_up_wait:
-                return self._settle(f"{trial.label()} keeps up: {versus}")
-            if self.phase == "prefetch":
-                return self._settle(f"{trial.label()} is faster: {versus}")
-            return self._next_more(f"{trial.label()} is faster: {versus}")
-        if self.phase == "fewer" and gain >= -self.min_gain:
+            faster = f"{trial.label()} is faster: {versus}"
+            if self.phase == "cache" and trial.workers:
+                # Reads served from memory: fewer workers may do, and on a CPU host each one
+                # fewer gives the step a core back.
+                return self._next_fewer(faster, phase="cached")
+            if self.phase == "cache":
+                return self._settle(faster)
+            if window.wait_fraction < self.keeps_up_wait or self.phase == "prefetch":
+                return self._next_cache(faster)
+            return self._next_more(faster)
+        if self.phase in ("fewer", "cached") and gain >= -self.min_gain:
             self.incumbent = trial
-            return self._next_fewer(f"{trial.label()} is as fast with fewer workers: {versus}")
+            why = f"{trial.label()} is as fast with fewer workers: {versus}"
+            return self._next_fewer(why, phase=self.phase)
         # The trial lost: the next move starts from the incumbent.
         why = f"{trial.label()} is not faster than {incumbent.label()}: {versus}"
         if self.phase in ("jump", "more") and not self.moved_up and incumbent.workers > 1:
             return self._next_fewer(why)
         if self.phase in ("jump", "more", "fewer"):
             return self._next_prefetch(why)
-        return self._settle(why)
+        if self.phase == "prefetch":
+            return self._next_cache(why)
+        return self._settle(why)  # a cache that did not pay, or a worker fewer with it
 
     def _from_start(self, window: Window) -> tuple[Setting | None, str]:
         start = self.current
@@ -177,10 +202,14 @@ class Climb:
             return self._try(more, "more", why)
         return self._next_prefetch(why)
 
-    def _next_fewer(self, why: str) -> tuple[Setting | None, str]:
+    def _next_fewer(self, why: str, phase: str = "fewer") -> tuple[Setting | None, str]:
+        """A worker fewer; ``cached``: with the cache just kept, down to none (reads from
+        memory may need no worker), and settled after."""
         fewer = dataclasses.replace(self.incumbent, workers=self.incumbent.workers - 1)
-        if fewer.workers >= 1:
-            return self._try(fewer, "fewer", why)
+        if fewer.workers >= (0 if phase == "cached" else 1):
+            return self._try(fewer, phase, why)
+        if phase == "cached":
+            return self._settle(why)
         return self._next_prefetch(why)
 
     def _next_prefetch(self, why: str) -> tuple[Setting | None, str]:
@@ -189,6 +218,16 @@ class Climb:
             candidate = dataclasses.replace(self.incumbent, prefetch=deeper[0])
             if self._fits(candidate):
                 return self._try(candidate, "prefetch", why)
+        return self._next_cache(why)
+
+    def _next_cache(self, why: str) -> tuple[Setting | None, str]:
+        """A memory cache, once more workers and prefetch are done: the climb started because
+        the loader waited for data, and what workers hide of a read's wait they pay for in
+        processes (and, with a CPU step, in the step's cores); a cache removes the read."""
+        if self.try_cache and self.incumbent.cache == "none":
+            cached = dataclasses.replace(self.incumbent, cache="memory")
+            if self._fits(cached):
+                return self._try(cached, "cache", why)
         return self._settle(why)
 
     def _try(self, setting: Setting, phase: str, why: str) -> tuple[Setting | None, str]:
@@ -226,8 +265,9 @@ class Climb:
 
 class LoaderAutotune:
     """The run's side: times the windows in the stream of training batches, asks the climb,
-    and says when the loop must rebuild its loader (``switch_to``). Disabled, it passes the
-    batches through."""
+    and says when the loop must rebuild its loader: between two steps for the workers and the
+    prefetch (``switch_to``), at an epoch's start for the cache (:meth:`epoch_started`).
+    Disabled, it passes the batches through."""
 
     def __init__(
         self, config, run_dir: Path, is_main: bool, local_ranks: int, resume: bool, source=None
@@ -240,17 +280,26 @@ class LoaderAutotune:
         self.enabled = self.cfg.enabled
         self.local_ranks, self.source = local_ranks, source
         loader = config.loader
-        start = Setting(loader.num_workers, loader.prefetch_factor)
+        start = Setting(loader.num_workers, loader.prefetch_factor, config.data.cache)
         self.changes: list[dict] = []
         self.first: Window | None = None  # the first window kept: the start's rate
         # The run's first window is not kept: the model's first steps allocate its memory and
         # choose its kernels, and would read the start setting slower than it is.
         self.model_warm = True
         self.switch_to: Setting | None = None
+        # A cache change waits for the next epoch's start (then the epoch fills the cache, and
+        # its windows are not measured: ``fill_epoch``).
+        self.pending: Setting | None = None
+        self.fill_epoch: int | None = None
         saved = self._saved_state() if self.enabled and resume else None
+        config_cache = start.cache
         if saved is not None:
             start = Setting.of(saved["setting"])
             self.changes = saved.get("changes", [])
+        # What the loader runs now; the resumed setting's cache is attached at the first epoch.
+        self.running = dataclasses.replace(start, cache=config_cache)
+        if start.cache != config_cache:
+            self.pending = start
         self.climb = Climb(
             start,
             cores=max(1, usable_cores() // max(1, local_ranks)),
@@ -258,13 +307,15 @@ class LoaderAutotune:
             min_gain=self.cfg.min_gain,
             stall_wait=config.train.stall_warn_fraction,
             fits=self._fits,
+            try_cache=config_cache == "none",
         )
         if saved is not None and saved.get("settled"):
             self.climb.phase = "settled"
 
     @property
     def setting(self) -> Setting:
-        return self.climb.current
+        """The setting the training loader runs."""
+        return self.running
 
     def loader_config(self, loader_cfg):
         """``loader_cfg`` at the current setting."""
@@ -273,13 +324,26 @@ class LoaderAutotune:
             loader_cfg, num_workers=setting.workers, prefetch_factor=setting.prefetch
         )
 
-    def watch(self, batches, synchronize):
+    def epoch_started(self, epoch: int) -> Setting | None:
+        """At an epoch's start: the setting whose cache the loop must attach (or remove) now,
+        with a new loader (None: nothing changes). The epoch that fills a new cache is not
+        measured."""
+        if self.pending is None:
+            return None
+        self.running, self.pending = self.pending, None
+        self.fill_epoch = epoch if self.running.cache != "none" else None
+        log.info("loader autotune: epoch %d runs at %s", epoch, self.running.label())
+        return self.running
+
+    def watch(self, batches, synchronize, epoch: int):
         """Yield ``batches`` (this epoch's, from the current loader), timing windows between
         the steps; return early, with ``switch_to`` set, when the next window should run at
         another setting. ``synchronize``: waits for the queued steps (read at a window's ends
-        while the climb measures, so that a window's wall time is its steps')."""
+        while the climb measures, so that a window's wall time is its steps'). Not measured:
+        an epoch that fills a new cache, and the rest of an epoch after which the cache
+        changes."""
         self.switch_to = None
-        if not self.enabled:
+        if not self.enabled or self.pending is not None or epoch == self.fill_epoch:
             yield from batches
             return
         batch_size = self.config.loader.batch_size
@@ -295,6 +359,9 @@ class LoaderAutotune:
                     steps = self.cfg.window_steps
                     window = Window(self.setting, steps, steps * batch_size, now - start, waited)
                     if self._observe(window):
+                        return
+                    if self.pending is not None:  # a cache change: at the next epoch
+                        yield from iterator
                         return
                 start, waited = time.perf_counter(), 0.0
             began, device_wait = time.perf_counter(), DEVICE_WAITS.wall_s
@@ -326,17 +393,22 @@ class LoaderAutotune:
             )
         if following is None:
             if self.climb.settled and not was_settled:
-                self._record(window, why)
+                self._record(window, why, self.running)
             return False
-        self.switch_to = following
-        self._record(window, why)
+        self._record(window, why, following)
+        if following.cache != self.running.cache:
+            self.pending = following
+            return False
+        self.switch_to = self.running = following
         return True
 
-    def _record(self, window: Window, why: str) -> None:
+    def _record(self, window: Window, why: str, following: Setting) -> None:
+        """The change (or the settling) in the log of changes, and in autotune.json: where a
+        resumed run starts (a cache change pending is saved as its target)."""
         self.changes.append(
             {
                 "from": window.setting.as_dict(),
-                "to": self.setting.as_dict(),
+                "to": following.as_dict(),
                 "samples_per_s": round(window.samples_per_s, 1),
                 "data_wait_fraction": round(window.wait_fraction, 4),
                 "why": why,
@@ -344,13 +416,13 @@ class LoaderAutotune:
         )
         if self.is_main:
             state = {
-                "setting": self.setting.as_dict(),
+                "setting": following.as_dict(),
                 "settled": self.climb.settled,
                 "changes": self.changes,
             }
             write_atomic(self.run_dir / STATE_FILE, json.dumps(state, indent=2))
             if self.climb.settled:
-                write_atomic(self.run_dir / TUNED_FILE, self._tuned_yaml())
+                write_atomic(self.run_dir / TUNED_FILE, self._tuned_yaml(following))
 
     def _saved_state(self) -> dict | None:
         """autotune.json of the run being resumed (None: a new run, or none written)."""
@@ -376,7 +448,8 @@ class LoaderAutotune:
             loader = dataclasses.replace(
                 self.config.loader, num_workers=s.workers, prefetch_factor=s.prefetch
             )
-            config = dataclasses.replace(self.config, loader=loader)
+            data = dataclasses.replace(self.config.data, cache=s.cache)
+            config = dataclasses.replace(self.config, loader=loader, data=data)
             return preflight.plan(config, self.local_ranks).need_bytes
 
         room = preflight.shm_free_bytes() + need(self.setting)
@@ -385,22 +458,22 @@ class LoaderAutotune:
         log.info("loader autotune: %s skipped: its batches do not fit /dev/shm", setting.label())
         return False
 
-    def _tuned_yaml(self) -> str:
+    def _tuned_yaml(self, settled: Setting) -> str:
         from train.config.load import RESOLVED_NAME, deep_merge, overrides_mapping
 
         if self.source is not None:
             scenario, overrides = str(self.source[0]), overrides_mapping(self.source[1])
         else:
             scenario, overrides = str((self.run_dir / RESOLVED_NAME).resolve()), {}
-        body = deep_merge(overrides, {"loader": self.setting.knobs()})
+        body = deep_merge(overrides, settled.knobs())
         start, when = self.first, time.strftime("%Y-%m-%d %H:%M")
-        settled = f"{self.setting.label()}: {self.climb.rate(self.setting):.0f} samples/s per rank"
+        rated = f"{settled.label()}: {self.climb.rate(settled):.0f} samples/s per rank"
         if start is not None:
-            settled += f" (the start, {start.setting.label()}: {start.samples_per_s:.0f})"
+            rated += f" (the start, {start.setting.label()}: {start.samples_per_s:.0f})"
         header = [
             f"# Written by loader.autotune in the run {self.run_dir}, on {platform.node()}, "
             f"{when}: {usable_cores()} cores, {self.local_ranks} rank(s).",
-            f"# Settled on {settled}.",
+            f"# Settled on {rated}.",
             f"# Train with: python -m train --config {self.run_dir / TUNED_FILE}",
         ]
         text = yaml.safe_dump({"extends": scenario, **body}, sort_keys=False)

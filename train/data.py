@@ -178,6 +178,22 @@ class RunData:
         backend.batches.set_cpu_threads(loader_cfg.num_workers)
         return backend.batches.make_loader(self.train, sampler, loader_cfg, train=True)
 
+    def use_train_cache(self, config, mode: str) -> None:
+        """The training dataset's record cache set to ``mode`` (none, memory or disk), as
+        opening it with data.cache: ``mode`` would have made it; the old one is closed (a
+        memory cache's /dev/shm file removed). Only while no loader reads the dataset: a
+        loader's workers hold the cache they started with."""
+        from datasets.cache import SharedRecordCache
+
+        data, old = config.data, self.train.cache
+        self.train.cache = None
+        if mode != "none":
+            self.train.cache = SharedRecordCache(
+                mode, len(self.train.source), data.cache_max_bytes, str(data.train), data.cache_dir
+            )
+        if old is not None:
+            old.close()
+
     def close(self) -> None:
         for dataset in (self.train, self.val):
             if dataset is not None:

@@ -125,22 +125,32 @@ class Run:
 
     def epoch_batches(self):
         """The epoch's batches on the device, timed. With loader.autotune, the loader is
-        rebuilt between two steps at the setting the tuner asks for: the old one's workers are
+        rebuilt at the setting the tuner asks for: between two steps for the workers and the
+        prefetch, at the epoch's start for a record cache. The old loader's workers are
         stopped, the sampler goes on from the epoch's position (as on --resume: the same
         batches follow), and the new loader starts there."""
+        cache_change = self.autotune.epoch_started(self.position.epoch)
+        if cache_change is not None:
+            self.loader = None  # its workers stop before the cache they read is replaced
+            self.data.use_train_cache(self.config, cache_change.cache)
+            self.switch_loader()
         while True:
             batches = self.telemetry.timed(self.backend.batches.device_batches(self.loader))
-            yield from self.autotune.watch(batches, self.read_steps)
+            yield from self.autotune.watch(batches, self.read_steps, self.position.epoch)
             if self.autotune.switch_to is None:
                 return  # the epoch's batches are done
             self.read_steps()  # the queued steps' sample positions are the old order's
             batches.close()
             del batches
-            self.loader = None  # its workers stop before the new loader's start
-            loader_cfg = self.autotune.loader_config(self.config.loader)
-            self.set_sampler()
-            self.loader = self.data.train_loader(self.backend, self.sampler, loader_cfg)
-            self.telemetry.knobs = loader_knobs(loader_cfg)
+            self.switch_loader()
+
+    def switch_loader(self) -> None:
+        """A new training loader at the tuner's setting, from the epoch's position."""
+        self.loader = None  # its workers stop before the new loader's start
+        loader_cfg = self.autotune.loader_config(self.config.loader)
+        self.set_sampler()
+        self.loader = self.data.train_loader(self.backend, self.sampler, loader_cfg)
+        self.telemetry.knobs = loader_knobs(loader_cfg)
 
     def set_sampler(self) -> None:
         """The sampler at the epoch's position: the samples all ranks have taken are left out."""
