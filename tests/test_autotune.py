@@ -5,12 +5,14 @@ a change that starts where the tuning had got to."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,19 +102,22 @@ def test_a_loader_still_waiting_after_workers_and_prefetch_tries_a_memory_cache(
     assert tuner.observe(window(Setting(1, 2), 150, 0.6))[0] == Setting(2, 4)
     following, _ = tuner.observe(window(Setting(2, 4), 302, 0.4))
     assert following == Setting(2, 2, "memory")
-    # The cache pays: with reads from memory, a worker fewer while that is as fast, to none.
+    # With reads from memory, a worker fewer while that is as fast, down to none; then the
+    # best of them is judged against the best without the cache.
     assert tuner.observe(window(Setting(2, 2, "memory"), 600, 0.01))[0] == Setting(1, 2, "memory")
     assert tuner.observe(window(Setting(1, 2, "memory"), 590, 0.01))[0] == Setting(0, 2, "memory")
     following, why = tuner.observe(window(Setting(0, 2, "memory"), 400, 0.3))
-    assert following == Setting(1, 2, "memory") and tuner.settled, why
+    assert following == Setting(1, 2, "memory") and tuner.settled and "the cache pays" in why
     # A cache that does not pay is removed again.
     tuner = climb(Setting(2, 4))
     tuner.try_cache = True
     tuner.phase, tuner.incumbent = "prefetch", Setting(2, 2)
     tuner.rates[Setting(2, 2)] = [300]
     assert tuner.observe(window(Setting(2, 4), 290, 0.4))[0] == Setting(2, 2, "memory")
-    following, _ = tuner.observe(window(Setting(2, 2, "memory"), 305, 0.4))
-    assert following == Setting(2, 2) and tuner.settled
+    # Judged at its best worker count: 2 (1 is slower), 2% faster than without it.
+    assert tuner.observe(window(Setting(2, 2, "memory"), 306, 0.4))[0] == Setting(1, 2, "memory")
+    following, why = tuner.observe(window(Setting(1, 2, "memory"), 150, 0.6))
+    assert following == Setting(2, 2) and tuner.settled and "does not pay" in why
 
 
 def test_no_cache_is_tried_when_the_scenario_sets_data_cache_itself():
@@ -135,12 +140,16 @@ FRAMEWORKS = [
     pytest.param("torch", marks=pytest.mark.torch),
 ]
 STEPS = 36  # 3 epochs of the 96-line fixture at batch 8
+LONG_STEPS = 84  # 7 epochs: the climb, an epoch that fills a cache, one that measures it
 SETTINGS = [
     f"train.max_steps={STEPS}",
     "train.log_every=1",
     "train.eval_every=1000",
     "train.checkpoint_every=4",
-    "train.keep_last=20",
+    "train.keep_last=30",  # every checkpoint of a LONG_STEPS run
+    # A learning rate that does not depend on the run's length: a shorter run's weights are
+    # then the fixed run's checkpoint at its last step.
+    "optim.schedule=constant",
     "loader.timeout_s=60",
 ]
 AUTOTUNE = ["loader.autotune.enabled=true", "loader.autotune.window_steps=2"]
@@ -162,15 +171,32 @@ def one_core_run(framework, out, ocr_lmdb, extra, env=None, flags=()):
     return cmd + list(flags), {**os.environ, **(env or {})}
 
 
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory, ocr_lmdb):
+    """``fixed_run(framework)``: a LONG_STEPS run at one worker, no tuning, trained on first
+    use; its checkpoints are what every tuned run must equal, bit for bit, at the same step."""
+
+    @functools.cache
+    def train(framework: str) -> Path:
+        out = tmp_path_factory.mktemp(f"fixed-{framework}") / "run"
+        extra = ["loader.num_workers=1", f"train.max_steps={LONG_STEPS}"]
+        cmd, env = one_core_run(framework, out, ocr_lmdb, extra)
+        result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return out
+
+    return train
+
+
+def assert_trained_as_fixed(run: Path, fixed: Path, framework: str, step: int) -> None:
+    a, b = final_weights(fixed, framework, step), final_weights(run, framework, step)
+    assert [k for k in a if not np.array_equal(a[k], b[k])] == []
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_run_from_no_workers_tunes_its_loader_and_trains_as_a_fixed_setting_does(
-    framework, tmp_path, ocr_lmdb
+    framework, tmp_path, ocr_lmdb, fixed_run
 ):
-    fixed_cmd, env = one_core_run(framework, tmp_path / "fixed", ocr_lmdb, ["loader.num_workers=1"])
-    fixed = subprocess.run(
-        fixed_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert fixed.returncode == 0, fixed.stderr[-3000:]
     out = tmp_path / "tuned"
     cmd, env = one_core_run(
         framework, out, ocr_lmdb, ["loader.num_workers=0", *AUTOTUNE], SLOW_STORAGE[framework]
@@ -186,8 +212,7 @@ def test_a_run_from_no_workers_tunes_its_loader_and_trains_as_a_fixed_setting_do
     assert summary["autotune_changes"] == len(state["changes"])
     assert summary["autotune_start_samples_per_s"] > 0
     # The loader's setting changed mid-epoch; the batches, and so the weights, did not.
-    a, b = final_weights(tmp_path / "fixed", framework, STEPS), final_weights(out, framework, STEPS)
-    assert [k for k in a if not np.array_equal(a[k], b[k])] == []
+    assert_trained_as_fixed(out, fixed_run(framework), framework, STEPS)
     if state["settled"]:  # tuned.yaml: the scenario and the settings chosen, a valid config
         tuned = load_config(out / "tuned.yaml")
         assert tuned.loader.num_workers == state["setting"]["num_workers"]
@@ -196,20 +221,12 @@ def test_a_run_from_no_workers_tunes_its_loader_and_trains_as_a_fixed_setting_do
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_reads_slower_than_the_workers_can_overlap_get_a_memory_cache_at_an_epoch_start(
-    framework, tmp_path, ocr_lmdb
+    framework, tmp_path, ocr_lmdb, fixed_run
 ):
     """One core, so at most 2 workers; reads of 30 ms below the record cache: workers cannot
     hide them, a memory cache can. It is attached at an epoch's start, that epoch fills it,
     the next is measured; the weights are still those of a run at a fixed setting."""
-    steps = 84  # 7 epochs: the climb, the epoch that fills the cache, the one that measures it
-    length = [f"train.max_steps={steps}", "loader.autotune.window_steps=3"]
-    fixed_cmd, env = one_core_run(
-        framework, tmp_path / "fixed", ocr_lmdb, ["loader.num_workers=1", *length]
-    )
-    fixed = subprocess.run(
-        fixed_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    length = [f"train.max_steps={LONG_STEPS}", "loader.autotune.window_steps=3"]
     out = tmp_path / "tuned"
     cmd, env = one_core_run(
         framework,
@@ -229,19 +246,13 @@ def test_reads_slower_than_the_workers_can_overlap_get_a_memory_cache_at_an_epoc
     assert state["settled"] and state["setting"]["cache"] == "memory", state
     tuned = load_config(out / "tuned.yaml")
     assert tuned.data.cache == "memory"
-    a, b = final_weights(tmp_path / "fixed", framework, steps), final_weights(out, framework, steps)
-    assert [k for k in a if not np.array_equal(a[k], b[k])] == []
+    assert_trained_as_fixed(out, fixed_run(framework), framework, LONG_STEPS)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_run_stopped_after_a_change_resumes_at_that_setting_and_ends_as_uninterrupted(
-    framework, tmp_path, ocr_lmdb
+    framework, tmp_path, ocr_lmdb, fixed_run
 ):
-    straight_cmd, env = one_core_run(framework, tmp_path / "straight", ocr_lmdb, [])
-    straight = subprocess.run(
-        straight_cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert straight.returncode == 0, straight.stderr[-3000:]
     out = tmp_path / "run"
     cmd, env = one_core_run(
         framework, out, ocr_lmdb, ["loader.num_workers=0", *AUTOTUNE], SLOW_STORAGE[framework]
@@ -265,6 +276,4 @@ def test_a_run_stopped_after_a_change_resumes_at_that_setting_and_ends_as_uninte
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"loader autotune: resuming at num_workers={setting['num_workers']}" in resumed.stderr
-    a = final_weights(tmp_path / "straight", framework, STEPS)
-    b = final_weights(out, framework, STEPS)
-    assert [k for k in a if not np.array_equal(a[k], b[k])] == []
+    assert_trained_as_fixed(out, fixed_run(framework), framework, STEPS)

@@ -21,8 +21,9 @@ How it moves (:class:`Climb`, pure):
   as storage returns them, in /dev/shm): what workers hide of a read's wait they pay for in
   processes (and, with a CPU step, in the step's cores), and a cache removes the read. It is
   attached at the next epoch's start; that epoch fills it and is not measured; the epoch after
-  decides. Kept only if it beats the setting without it by ``min_gain`` (then a worker fewer
-  while that is as fast, down to none), otherwise removed at the following epoch's start. Not
+  finds its best worker count (a worker fewer while that is as fast, down to none), which is
+  kept only if it beats the best setting without the cache by ``min_gain``; otherwise the cache
+  is removed at the following epoch's start. Not
   a disk cache: the page cache already keeps a dataset that fits in memory, and one that does
   not is read from the same disk either way;
 - settled, it keeps watching: three windows in a row above train.stall_warn_fraction (the data
@@ -130,6 +131,7 @@ class Climb:
     phase: str = "start"  # start, jump, more, fewer, prefetch, cache, cached, settled
     rates: dict = field(default_factory=dict)  # Setting -> [samples/s of its windows]
     moved_up: bool = False  # this climb kept a worker more
+    before_cache: Setting | None = None  # the best setting without the cache it is judged by
     drift: int = 0  # settled: windows in a row above the stall share
 
     def __post_init__(self) -> None:
@@ -153,22 +155,22 @@ class Climb:
         trial, incumbent = self.current, self.incumbent
         gain = self.rate(trial) / self.rate(incumbent) - 1
         versus = f"{self.rate(trial):.0f} vs {self.rate(incumbent):.0f} samples/s ({gain:+.0%})"
-        if self.phase in ("jump", "more", "prefetch", "cache") and gain > self.min_gain:
+        if self.phase == "cache":
+            # Reads from memory: the cached setting's best worker count is found before the
+            # cache is judged (on a CPU host its gain is often the cores that workers give back
+            # to the step, not a faster loader at the same workers).
+            self.incumbent = trial
+            return self._next_fewer(f"{trial.label()}: {self.rate(trial):.0f} samples/s", "cached")
+        if self.phase in ("jump", "more", "prefetch") and gain > self.min_gain:
             self.incumbent = trial
             self.moved_up = self.moved_up or self.phase in ("jump", "more")
             faster = f"{trial.label()} is faster: {versus}"
-            if self.phase == "cache" and trial.workers:
-                # Reads served from memory: fewer workers may do, and on a CPU host each one
-                # fewer gives the step a core back.
-                return self._next_fewer(faster, phase="cached")
-            if self.phase == "cache":
-                return self._settle(faster)
             if window.wait_fraction < self.keeps_up_wait or self.phase == "prefetch":
                 return self._next_cache(faster)
             return self._next_more(faster)
         if self.phase in ("fewer", "cached") and gain >= -self.min_gain:
             self.incumbent = trial
-            why = f"{trial.label()} is as fast with fewer workers: {versus}"
+            why = f"{trial.label()} is as fast or faster with fewer workers: {versus}"
             return self._next_fewer(why, phase=self.phase)
         # The trial lost: the next move starts from the incumbent.
         why = f"{trial.label()} is not faster than {incumbent.label()}: {versus}"
@@ -178,7 +180,7 @@ class Climb:
             return self._next_prefetch(why)
         if self.phase == "prefetch":
             return self._next_cache(why)
-        return self._settle(why)  # a cache that did not pay, or a worker fewer with it
+        return self._judge_cache(why)  # phase "cached": a worker fewer with the cache lost
 
     def _from_start(self, window: Window) -> tuple[Setting | None, str]:
         start = self.current
@@ -203,14 +205,30 @@ class Climb:
         return self._next_prefetch(why)
 
     def _next_fewer(self, why: str, phase: str = "fewer") -> tuple[Setting | None, str]:
-        """A worker fewer; ``cached``: with the cache just kept, down to none (reads from
-        memory may need no worker), and settled after."""
+        """A worker fewer; ``cached``: with the cache, down to none (reads from memory may need
+        no worker), then the cache is judged."""
         fewer = dataclasses.replace(self.incumbent, workers=self.incumbent.workers - 1)
         if fewer.workers >= (0 if phase == "cached" else 1):
             return self._try(fewer, phase, why)
         if phase == "cached":
-            return self._settle(why)
+            return self._judge_cache(why)
         return self._next_prefetch(why)
+
+    def _judge_cache(self, why: str) -> tuple[Setting | None, str]:
+        """The best cached setting against the best without the cache: kept only when it beats
+        it by ``min_gain`` (a cache holds /dev/shm and memory); otherwise the setting without
+        it, and the cache goes at the next epoch's start."""
+        cached, plain = self.incumbent, self.before_cache
+        gain = self.rate(cached) / self.rate(plain) - 1
+        versus = f"{self.rate(cached):.0f} vs {self.rate(plain):.0f} samples/s ({gain:+.0%})"
+        if gain > self.min_gain:
+            return self._settle(
+                f"{why}; the cache pays: {cached.label()} against {plain.label()}: {versus}"
+            )
+        self.incumbent = plain
+        return self._settle(
+            f"{why}; the cache does not pay: {cached.label()} against {plain.label()}: {versus}"
+        )
 
     def _next_prefetch(self, why: str) -> tuple[Setting | None, str]:
         deeper = [p for p in PREFETCH_CHOICES if p > self.incumbent.prefetch]
@@ -227,6 +245,7 @@ class Climb:
         if self.try_cache and self.incumbent.cache == "none":
             cached = dataclasses.replace(self.incumbent, cache="memory")
             if self._fits(cached):
+                self.before_cache = self.incumbent
                 return self._try(cached, "cache", why)
         return self._settle(why)
 
