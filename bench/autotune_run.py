@@ -61,7 +61,10 @@ def epoch_rates(run_dir: Path) -> dict[int, float]:
 
 def train(command: list[str], out: Path) -> tuple[dict[int, float], dict]:
     result = subprocess.run(
-        [*command, "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True
+        [*command, "--output-dir", str(out), "--overwrite"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
