@@ -16,36 +16,14 @@ import pytest
 from datasets import faults
 from datasets.dataset import build_ocr_dataset
 from datasets.ocr_transforms import CharDict
+from tests.test_tune import COSTS as BASE_COSTS
+from tests.test_tune import HOST, MS
 from train.tune import measure, model, report
 from train.tune.measure import LoaderCpu, StageSample, summarize
 
-MS = 1e-3
 MIB = 2**20
 # A sample costs 2 ms of CPU (decode and augment); reads cost nothing unless a test says so.
-COSTS = model.StageCosts(
-    read_s=0.0,
-    read_cpu_s=0.0,
-    reread_s=0.0,
-    reread_cpu_s=0.0,
-    decode_s=1 * MS,
-    augment_s=1 * MS,
-    collate_s=0.0,
-    trainer_alone_s=10 * MS,
-    worker_handover_s={True: 0.0, False: 0.0},
-    trainer_handover_s={True: 10 * MS, False: 10 * MS},
-    sample_bytes=1,
-    record_bytes=1000.0,
-    batch_cv=0.0,
-    storage_bytes_per_s=math.inf,
-)
-HOST = model.Host(
-    cores=4,
-    shm_free_bytes=1 << 40,
-    memory_available_bytes=1 << 40,
-    dataset_bytes=1 << 20,
-    cache_dir_free_bytes=1 << 40,
-    copy_bytes_per_s=1e12,  # a cache hit costs nothing
-)
+COSTS = dataclasses.replace(BASE_COSTS, record_bytes=1000.0)
 FAST_DEVICE = model.Target("torch", batch_size=100, step_s=0.001)
 
 
