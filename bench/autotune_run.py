@@ -15,7 +15,8 @@ side by side on this host.
 3. The ratio A / B of the medians, epoch by epoch: run-time tuning's goal is 0.9 or more by
    the second epoch.
 
-Writes bench/results/autotune-<config folder>-<framework>.json and .md (or --out).
+Writes a JSON and a Markdown file into bench/results/ (or --out), named by the config's
+folder and framework: autotune-ocr-torch, autotune-ocr-paddle.
 """
 
 from __future__ import annotations

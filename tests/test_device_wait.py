@@ -53,6 +53,7 @@ def run_summary(telemetry: Telemetry) -> dict:
         position=SimpleNamespace(step=STEPS, epoch=0),
         data=SimpleNamespace(train=SimpleNamespace(bad_log=bad_log)),
         last_eval={},
+        autotune=SimpleNamespace(summary=dict),  # loader.autotune off: nothing to report
     )
     return Run.finish(run)
 
