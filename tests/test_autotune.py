@@ -248,10 +248,15 @@ def test_reads_slower_than_the_workers_can_overlap_get_a_memory_cache_at_an_epoc
     ), result.stderr[-3000:]
     attached = re.search(r"loader autotune: epoch (\d+) runs at .*cache=memory", result.stderr)
     assert attached, result.stderr[-3000:]
+    # Judged against the best setting without it, and the judgement recorded. Which way it
+    # goes depends on a few short windows of a loaded host (the judging itself is the unit
+    # tests' above): whichever it is, tuned.yaml says it (each judgement settles the climb, and
+    # a later climb keeps the cache it judged).
     state = json.loads((out / "autotune.json").read_text())
-    assert state["settled"] and state["setting"]["cache"] == "memory", state
-    tuned = load_config(out / "tuned.yaml")
-    assert tuned.data.cache == "memory"
+    judged = [c for c in state["changes"] if re.search("the cache (does not )?pay", c["why"])]
+    assert judged, state
+    tuned = load_config(out / "tuned.yaml")  # written when it settled on the judgement
+    assert tuned.data.cache == judged[-1]["to"]["cache"]
     assert_trained_as_fixed(out, fixed_run(framework), framework, LONG_STEPS)
 
 
