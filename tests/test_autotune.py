@@ -54,6 +54,12 @@ def test_from_no_workers_it_jumps_to_the_workers_that_keep_up_at_most_a_core_eac
     assert following == Setting(4, 2)
 
 
+def test_the_jump_from_no_workers_keeps_the_scenarios_cache():
+    tuner = climb(Setting(0, 2, "disk"))
+    following, _ = tuner.observe(window(Setting(0, 2, "disk"), 100, 0.6))
+    assert following == Setting(2, 2, "disk")
+
+
 def test_workers_are_added_while_each_beats_the_last_by_the_margin_then_prefetch_is_tried():
     tuner = climb()
     assert tuner.observe(window(Setting(0, 2), 100, 0.6))[0] == Setting(2, 2)

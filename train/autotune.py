@@ -194,7 +194,7 @@ class Climb:
             load = window.wait_s / window.steps
             needed = math.ceil(load / max(per_step - load, 1e-6))
             workers = max(1, min(needed, self.cores))
-            jump = Setting(workers, max(self.start.prefetch, 2))
+            jump = dataclasses.replace(start, workers=workers, prefetch=max(start.prefetch, 2))
             return self._try(jump, "jump", f"{start.label()}: {waited}")
         return self._next_more(f"{start.label()}: {waited}")
 
