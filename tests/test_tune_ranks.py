@@ -107,7 +107,8 @@ def test_two_ranks_run_two_loaders_at_once_and_leave_nothing_behind(framework, o
         assert not shm_files_of(companion)
     assert gone(companion), f"left running: {session_of(companion)}"
     assert member.process.returncode == 0
-    assert shm_files_of(os.getpid()) == ours and not shm_files_of(companion)
+    # Nothing new left behind (an earlier test's ring of this process may go meanwhile).
+    assert not shm_files_of(os.getpid()) - ours and not shm_files_of(companion)
 
 
 @pytest.mark.parametrize("framework", EACH_FRAMEWORK)
