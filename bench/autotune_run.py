@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.runner import ROOT, package_versions
+from bench.runner import ROOT, package_versions, write_results
 
 # No evaluation or checkpoint inside an epoch (they would land in a window); logged often
 # enough that each epoch has many windows.
@@ -169,10 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.out or ROOT / "bench" / "results" / (
         f"autotune-{Path(args.config).parent.name}-{config.framework}"
     )
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(results))
-    print(markdown(results))
+    write_results(stem, results, markdown(results))
     return 0
 
 

@@ -177,3 +177,12 @@ def aggregate(trials: list[dict]) -> dict:
             columns = list(zip(*[t[key] for t in good]))
             out[key] = [round(statistics.median(c), 4) for c in columns]
     return out
+
+
+def write_results(stem: Path, results: dict, markdown: str) -> None:
+    """``stem``.json and ``stem``.md (the folder made if need be), and the Markdown printed: how
+    each benchmark command leaves its figures in bench/results/."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown)
+    print(markdown)

@@ -22,7 +22,6 @@ limit.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import statistics
@@ -30,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.runner import ROOT, package_versions
+from bench.runner import ROOT, package_versions, write_results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,10 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     scenarios = Path(args.config).parent.name  # configs/ocr, configs/resnet50
     stem = args.out or ROOT / "bench" / "results" / f"tune-{scenarios}-{config.framework}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(results))
-    print(markdown(results))
+    write_results(stem, results, markdown(results))
     return 0
 
 
